@@ -1,0 +1,2 @@
+//! Laconic: a transparent MongoDB wire-protocol proxy.
+pub mod wire;

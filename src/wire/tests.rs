@@ -1,0 +1,286 @@
+use bson::{doc, RawDocumentBuf};
+use bytes::{Bytes, BytesMut};
+use proptest::prelude::*;
+use tokio_util::codec::Decoder;
+
+use super::*;
+
+fn raw(doc: bson::Document) -> Bytes {
+    Bytes::from(RawDocumentBuf::from_document(&doc).unwrap().into_bytes())
+}
+
+fn encode(frame: &Frame) -> Vec<u8> {
+    let mut v = Vec::new();
+    frame.encode_parts(&mut v);
+    v
+}
+
+fn msg(flags: u32, sections: Vec<Section>) -> Frame {
+    Frame::new(
+        7,
+        0,
+        Message::Msg(OpMsg {
+            flags: MsgFlags(flags),
+            sections,
+            checksum: None,
+        }),
+    )
+}
+
+#[test]
+fn op_msg_with_sequence_round_trips() {
+    let frame = msg(
+        0,
+        vec![
+            Section::Body(raw(doc! {"insert": "c", "$db": "d"})),
+            Section::Sequence(DocumentSequence {
+                identifier: "documents".into(),
+                documents: vec![raw(doc! {"_id": 1}), raw(doc! {"_id": 2, "a": "b"})],
+            }),
+        ],
+    );
+    let bytes = encode(&frame);
+    let parsed = Frame::parse(Bytes::from(bytes.clone()), MAX_MESSAGE_SIZE).unwrap();
+    assert_eq!(parsed, frame);
+    assert_eq!(encode(&parsed), bytes);
+    assert_eq!(parsed.command_name(), Some("insert"));
+    let seq: Vec<_> = parsed.op_msg().unwrap().sequences().collect();
+    assert_eq!(seq[0].documents.len(), 2);
+}
+
+#[test]
+fn checksum_is_verified_and_recomputed() {
+    let frame = msg(
+        MsgFlags::CHECKSUM_PRESENT,
+        vec![Section::Body(raw(doc! {"ping": 1, "$db": "admin"}))],
+    );
+    let mut bytes = encode(&frame);
+    let parsed = Frame::parse(Bytes::from(bytes.clone()), MAX_MESSAGE_SIZE).unwrap();
+    assert!(parsed.op_msg().unwrap().checksum.is_some());
+    assert_eq!(encode(&parsed), bytes);
+    // Flip one bit of the body: the checksum no longer matches.
+    let n = bytes.len();
+    bytes[n - 8] ^= 1;
+    assert!(matches!(
+        Frame::parse(Bytes::from(bytes), MAX_MESSAGE_SIZE),
+        Err(WireError::ChecksumMismatch { .. })
+    ));
+}
+
+#[test]
+fn unknown_required_flag_is_an_error_and_optional_bits_are_kept() {
+    let bad = encode(&msg(1 << 5, vec![Section::Body(raw(doc! {"ping": 1}))]));
+    assert_eq!(
+        Frame::parse(Bytes::from(bad), MAX_MESSAGE_SIZE).unwrap_err(),
+        WireError::UnknownRequiredFlags(1 << 5)
+    );
+    let ok = encode(&msg(
+        1 << 20 | MsgFlags::EXHAUST_ALLOWED,
+        vec![Section::Body(raw(doc! {"ping": 1}))],
+    ));
+    let parsed = Frame::parse(Bytes::from(ok.clone()), MAX_MESSAGE_SIZE).unwrap();
+    assert!(parsed.exhaust_allowed());
+    assert_eq!(encode(&parsed), ok);
+}
+
+#[test]
+fn sizes_are_checked_before_allocating() {
+    let mut codec = MessageCodec::new(MAX_MESSAGE_SIZE);
+    let mut buf = BytesMut::from(&15i32.to_le_bytes()[..]);
+    assert!(codec.decode(&mut buf).is_err());
+    let mut buf = BytesMut::from(&48_000_001i32.to_le_bytes()[..]);
+    assert!(codec.decode(&mut buf).is_err());
+    assert!(
+        buf.capacity() < 1_000_000,
+        "nothing was reserved for an oversized message"
+    );
+    let mut buf = BytesMut::from(&(-5i32).to_le_bytes()[..]);
+    assert!(codec.decode(&mut buf).is_err());
+    // A section that claims more bytes than the message holds.
+    let mut bytes = encode(&msg(0, vec![Section::Body(raw(doc! {"ping": 1}))]));
+    bytes[21] = 0x7f;
+    assert!(Frame::parse(Bytes::from(bytes), MAX_MESSAGE_SIZE).is_err());
+}
+
+#[test]
+fn codec_waits_for_a_whole_frame_and_reports_eof_inside_one() {
+    let bytes = encode(&msg(0, vec![Section::Body(raw(doc! {"ping": 1}))]));
+    let mut codec = MessageCodec::new(MAX_MESSAGE_SIZE);
+    let mut buf = BytesMut::from(&bytes[..10]);
+    assert!(codec.decode(&mut buf).unwrap().is_none());
+    assert!(codec.decode_eof(&mut buf).is_err());
+    let mut buf = BytesMut::from(&bytes[..]);
+    buf.extend_from_slice(&bytes);
+    assert!(codec.decode(&mut buf).unwrap().is_some());
+    assert!(codec.decode(&mut buf).unwrap().is_some());
+    assert!(codec.decode_eof(&mut buf).unwrap().is_none());
+}
+
+#[test]
+fn legacy_query_and_reply_round_trip() {
+    let q = Frame::new(
+        1,
+        0,
+        Message::Query(OpQuery {
+            flags: 4,
+            full_collection_name: "admin.$cmd".into(),
+            number_to_skip: 0,
+            number_to_return: -1,
+            query: raw(
+                doc! {"$query": {"isMaster": 1, "helloOk": true}, "$readPreference": {"mode": "primary"}},
+            ),
+            return_fields_selector: None,
+        }),
+    );
+    let bytes = encode(&q);
+    let parsed = Frame::parse(Bytes::from(bytes.clone()), MAX_MESSAGE_SIZE).unwrap();
+    assert_eq!(parsed.command_name(), Some("isMaster"));
+    assert_eq!(encode(&parsed), bytes);
+
+    let r = Frame::new(
+        2,
+        1,
+        Message::Reply(OpReply::single(
+            &RawDocumentBuf::from_document(&doc! {"ok": 1.0}).unwrap(),
+        )),
+    );
+    let bytes = encode(&r);
+    let parsed = Frame::parse(Bytes::from(bytes.clone()), MAX_MESSAGE_SIZE).unwrap();
+    assert_eq!(parsed, r);
+    assert_eq!(encode(&parsed), bytes);
+}
+
+#[test]
+fn every_compressor_round_trips_and_sizes_are_checked() {
+    let frame = msg(
+        0,
+        vec![Section::Body(raw(
+            doc! {"find": "c", "filter": {"a": "x".repeat(500)}, "$db": "d"},
+        ))],
+    );
+    for c in Compressor::SUPPORTED.into_iter().chain([Compressor::Noop]) {
+        let compressed = frame.compress(c).unwrap();
+        let bytes = encode(&compressed);
+        let parsed = Frame::parse(Bytes::from(bytes.clone()), MAX_MESSAGE_SIZE).unwrap();
+        assert_eq!(encode(&parsed), bytes);
+        let Message::Compressed(oc) = parsed.message() else {
+            panic!()
+        };
+        let inner = oc.decompress(&parsed.header, MAX_MESSAGE_SIZE).unwrap();
+        assert_eq!(inner, frame, "{c:?}");
+
+        let mut lying = oc.clone();
+        lying.uncompressed_size -= 1;
+        assert!(
+            lying.decompress(&parsed.header, MAX_MESSAGE_SIZE).is_err(),
+            "{c:?}"
+        );
+        let mut huge = oc.clone();
+        huge.uncompressed_size = i32::MAX;
+        assert!(matches!(
+            huge.decompress(&parsed.header, MAX_MESSAGE_SIZE),
+            Err(WireError::TooLarge { .. })
+        ));
+    }
+}
+
+#[test]
+fn commands_that_must_not_be_compressed() {
+    for c in [
+        "hello",
+        "isMaster",
+        "ismaster",
+        "saslStart",
+        "saslContinue",
+        "createUser",
+    ] {
+        assert!(!may_compress(c), "{c}");
+    }
+    assert!(may_compress("find"));
+}
+
+fn arb_document() -> impl Strategy<Value = Bytes> {
+    let leaf = prop_oneof![
+        any::<i32>().prop_map(bson::Bson::Int32),
+        any::<i64>().prop_map(bson::Bson::Int64),
+        ".{0,12}".prop_map(bson::Bson::String),
+        any::<bool>().prop_map(bson::Bson::Boolean),
+        Just(bson::Bson::Null),
+    ];
+    let value = leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(bson::Bson::Array),
+            prop::collection::vec(("[a-z$.]{1,6}", inner), 0..4)
+                .prop_map(|kv| { bson::Bson::Document(kv.into_iter().collect()) }),
+        ]
+    });
+    prop::collection::vec(("\\PC{1,8}", value), 0..6)
+        .prop_map(|kv| raw(kv.into_iter().collect::<bson::Document>()))
+}
+
+fn arb_op_msg() -> impl Strategy<Value = Frame> {
+    let section = prop_oneof![(
+        "[a-zA-Z]{1,10}",
+        prop::collection::vec(arb_document(), 0..4)
+    )
+        .prop_map(|(identifier, documents)| {
+            Section::Sequence(DocumentSequence {
+                identifier,
+                documents,
+            })
+        }),];
+    (
+        prop::sample::select(vec![0u32, 1, 2, 3, 1 << 16, 1 << 16 | 1, 1 << 31]),
+        arb_document(),
+        prop::collection::vec(section, 0..3),
+        0usize..3,
+        any::<i32>(),
+        any::<i32>(),
+    )
+        .prop_map(|(flags, body, mut sections, body_at, id, to)| {
+            sections.insert(body_at.min(sections.len()), Section::Body(body));
+            Frame::new(
+                id,
+                to,
+                Message::Msg(OpMsg {
+                    flags: MsgFlags(flags),
+                    sections,
+                    checksum: None,
+                }),
+            )
+        })
+}
+
+proptest! {
+    #[test]
+    fn decoding_then_encoding_reproduces_the_input(frame in arb_op_msg()) {
+        let bytes = encode(&frame);
+        let parsed = Frame::parse(Bytes::from(bytes.clone()), MAX_MESSAGE_SIZE).unwrap();
+        prop_assert_eq!(encode(&parsed), bytes.clone());
+        fuzz_roundtrip(&bytes);
+    }
+
+    #[test]
+    fn compressed_frames_round_trip(frame in arb_op_msg(), c in 0usize..3) {
+        let c = Compressor::SUPPORTED[c];
+        let compressed = frame.compress(c).unwrap();
+        let bytes = encode(&compressed);
+        fuzz_roundtrip(&bytes);
+        let parsed = Frame::parse(Bytes::from(bytes), MAX_MESSAGE_SIZE).unwrap();
+        let Message::Compressed(oc) = parsed.message() else { panic!() };
+        prop_assert_eq!(oc.decompress(&parsed.header, MAX_MESSAGE_SIZE).unwrap(), frame);
+    }
+
+    #[test]
+    fn mutated_frames_never_panic(frame in arb_op_msg(), edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6)) {
+        let mut bytes = encode(&frame);
+        for (i, b) in edits {
+            let i = i.index(bytes.len());
+            bytes[i] = b;
+        }
+        fuzz_roundtrip(&bytes);
+        let mut codec = MessageCodec::new(MAX_MESSAGE_SIZE);
+        let mut buf = BytesMut::from(&bytes[..]);
+        let _ = codec.decode(&mut buf);
+    }
+}
