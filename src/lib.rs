@@ -1,2 +1,30 @@
 //! Laconic: a transparent MongoDB wire-protocol proxy.
+//!
+//! The data path, one module per stage:
+//!
+//! 1. **accept** — [`downstream::listener`]: the accept loop, the connection
+//!    limit, graceful shutdown;
+//! 2. **read frame** — [`downstream::session`] reads frames through
+//!    [`wire::MessageCodec`];
+//! 3. **decode** — [`wire`]: the sans-IO codec (OP_MSG, OP_QUERY/OP_REPLY,
+//!    OP_COMPRESSED);
+//! 4. **rewrite request** — [`rewrite::request`];
+//! 5. **forward** and 6. **read reply** — [`upstream`];
+//! 7. **expand reply** — [`rewrite::reply`];
+//! 8. **write back** — [`downstream::session`].
+//!
+//! Errors become wire replies in one place, [`error::error_reply`].
+//! [`capture`] records sessions and replays them.
+
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms)]
+
+pub mod bench;
+pub mod capture;
+pub mod config;
+pub mod downstream;
+pub mod error;
+pub mod rewrite;
+pub mod shutdown;
+pub mod upstream;
 pub mod wire;

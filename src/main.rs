@@ -1,1 +1,207 @@
-fn main() {}
+//! The `laconic` command line: `serve`, `replay`, `bench`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use laconic::config::{Config, LogFormat};
+use laconic::downstream::Proxy;
+use laconic::upstream::UpstreamAddr;
+use tracing::{info, warn};
+
+#[derive(Parser)]
+#[command(
+    name = "laconic",
+    version,
+    about = "A transparent MongoDB wire-protocol proxy"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve(ServeArgs),
+    /// Replay captured sessions against a target and report differing replies.
+    Replay(ReplayArgs),
+    /// Measure throughput and latency directly, through Laconic and through a TCP relay.
+    Bench(laconic::bench::BenchArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Configuration file (TOML); see config/laconic.toml.
+    #[arg(long, env = "LACONIC_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on; 127.0.0.1:0 picks a free port.
+    #[arg(long, env = "LACONIC_LISTEN")]
+    listen: Option<String>,
+    /// Upstream deployment, as a mongodb:// URI.
+    #[arg(long, env = "LACONIC_UPSTREAM")]
+    upstream: Option<String>,
+    /// Record every session's frames into DIR (format: proto/README.md).
+    #[arg(long, value_name = "DIR", env = "LACONIC_CAPTURE")]
+    capture: Option<PathBuf>,
+    /// Downstream connections served at once.
+    #[arg(long, env = "LACONIC_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Grace period for requests in flight at shutdown, in milliseconds.
+    #[arg(long, env = "LACONIC_SHUTDOWN_GRACE_MS")]
+    shutdown_grace_ms: Option<u64>,
+    /// Compressors offered to the upstream, comma-separated (snappy, zlib, zstd).
+    #[arg(long, value_delimiter = ',', env = "LACONIC_UPSTREAM_COMPRESSORS")]
+    upstream_compressors: Option<Vec<String>>,
+    /// Log format.
+    #[arg(long, value_enum, env = "LACONIC_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+    /// Log filter, e.g. info or laconic=debug.
+    #[arg(long, env = "LACONIC_LOG")]
+    log_level: Option<String>,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// Capture files (.lcap).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Where to send the requests: a mongodb:// URI (the proxy or a server).
+    #[arg(long)]
+    target: String,
+    /// Seconds to wait for each reply.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new()?;
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Replay(args) => runtime.block_on(replay(args)),
+        Command::Bench(args) => {
+            init_tracing(LogFormat::Text, "warn");
+            runtime.block_on(laconic::bench::run(args))
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let p = &mut config.proxy;
+    if let Some(v) = args.listen {
+        p.listen = v;
+    }
+    if let Some(v) = args.upstream {
+        p.upstream = v;
+    }
+    if let Some(v) = args.capture {
+        p.capture_dir = Some(v);
+    }
+    if let Some(v) = args.max_connections {
+        p.max_connections = v;
+    }
+    if let Some(v) = args.shutdown_grace_ms {
+        p.shutdown_grace_ms = v;
+    }
+    if let Some(v) = args.upstream_compressors {
+        p.upstream_compressors = v.into_iter().filter(|s| !s.is_empty()).collect();
+    }
+    if let Some(v) = args.log_format {
+        config.log.format = v;
+    }
+    if let Some(v) = args.log_level.or_else(|| std::env::var("RUST_LOG").ok()) {
+        config.log.level = v;
+    }
+    config.validate()?;
+    init_tracing(config.log.format, &config.log.level);
+
+    let grace = config.proxy.shutdown_grace();
+    let proxy = Proxy::bind(config.proxy.clone())
+        .await
+        .with_context(|| format!("cannot listen on {}", config.proxy.listen))?;
+    let handle = proxy.handle()?;
+    let task = tokio::spawn(proxy.run());
+    // Scripts and tests wait for this line.
+    println!("listening on {}", handle.addr);
+    std::io::stdout().flush()?;
+    info!(listen = %handle.addr, upstream = %redact_uri(&config.proxy.upstream), "laconic started");
+
+    wait_for_signal().await?;
+    info!("shutting down: no new connections; waiting up to {grace:?} for requests in flight");
+    handle.shutdown.trigger();
+    let _ = task.await;
+    if handle.shutdown.drain(grace).await {
+        info!("shutdown complete");
+    } else {
+        warn!("grace period of {grace:?} ran out; closing the remaining connections");
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => r?,
+    }
+    Ok(())
+}
+
+async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    init_tracing(LogFormat::Text, "warn");
+    let target = UpstreamAddr::parse(&args.target).map_err(anyhow::Error::msg)?;
+    let mut differing = 0;
+    for file in &args.files {
+        let records = laconic::capture::read_capture(file)?;
+        let report = laconic::capture::replay(&records, &target, Duration::from_secs(args.timeout))
+            .await
+            .with_context(|| format!("replaying {}", file.display()))?;
+        println!(
+            "{}: {} requests, {} replies compared, {} skipped, {} differing",
+            file.display(),
+            report.requests,
+            report.replies,
+            report.skipped,
+            report.differences.len()
+        );
+        for d in &report.differences {
+            println!(
+                "  request #{} ({}): {}\n    expected: {}\n    actual:   {}",
+                d.request, d.command, d.path, d.expected, d.actual
+            );
+        }
+        differing += report.differences.len();
+    }
+    if differing > 0 {
+        bail!("{differing} replies differ");
+    }
+    Ok(())
+}
+
+fn init_tracing(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// The URI without its credentials, for logs.
+fn redact_uri(uri: &str) -> String {
+    match (uri.find("://"), uri.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &uri[..s], &uri[at + 1..]),
+        _ => uri.to_owned(),
+    }
+}

@@ -1,0 +1,258 @@
+//! `laconic bench`: one workload, three ways, in one run.
+//!
+//! The same driver workload runs directly against the upstream, through
+//! Laconic, and through a plain TCP relay (haproxy in TCP mode, when it is
+//! installed): the relay is the floor for any user-space proxy. Each case
+//! runs for a fixed time with 1 and with 16 concurrent clients, and reports
+//! ops/s, p50 and p99 latency, and the ratios to the direct baseline.
+
+mod relay;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, oid::ObjectId, Document};
+use futures::TryStreamExt;
+use mongodb::{Client, Collection};
+
+use crate::config::ProxyConfig;
+use crate::downstream::Proxy;
+use crate::upstream::UpstreamAddr;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// The upstream to measure against (a mongodb:// URI).
+    #[arg(long, env = "LACONIC_UPSTREAM")]
+    pub upstream: String,
+    /// Seconds each case runs for.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Concurrency levels to run.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
+    pub clients: Vec<usize>,
+    /// Skip the haproxy relay even if it is installed.
+    #[arg(long)]
+    pub no_relay: bool,
+}
+
+/// One measured case.
+#[derive(Clone, Debug)]
+pub struct Measurement {
+    pub ops: usize,
+    pub elapsed: Duration,
+    pub p50: Duration,
+    pub p99: Duration,
+}
+
+impl Measurement {
+    pub fn ops_per_sec(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    InsertOne,
+    FindOneById,
+    InsertMany,
+    CursorRead,
+}
+
+impl Op {
+    const ALL: [Op; 4] = [
+        Op::InsertOne,
+        Op::FindOneById,
+        Op::InsertMany,
+        Op::CursorRead,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            Op::InsertOne => "insert_one",
+            Op::FindOneById => "find_one by _id",
+            Op::InsertMany => "insert_many (100 docs)",
+            Op::CursorRead => "cursor read (1000 docs)",
+        }
+    }
+}
+
+const PRELOADED: usize = 1000;
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let addr = UpstreamAddr::parse(&args.upstream).map_err(anyhow::Error::msg)?;
+    let upstream_host = addr.hosts[0].clone();
+    let proxy = Proxy::start(ProxyConfig {
+        listen: "127.0.0.1:0".into(),
+        upstream: args.upstream.clone(),
+        ..ProxyConfig::default()
+    })
+    .await?;
+    let relay = if args.no_relay {
+        None
+    } else {
+        match relay::Haproxy::start(&upstream_host).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                println!("(no TCP relay: {e})");
+                None
+            }
+        }
+    };
+
+    let uri = |host: &str| {
+        format!("mongodb://{host}/?directConnection=true&retryWrites=false&maxPoolSize=64")
+    };
+    let mut targets = vec![
+        ("direct", uri(&upstream_host)),
+        ("laconic", uri(&proxy.addr.to_string())),
+    ];
+    if let Some(r) = &relay {
+        targets.push(("relay", uri(&r.addr)));
+    }
+    let mut clients = Vec::new();
+    for (name, uri) in &targets {
+        let client = Client::with_uri_str(uri).await?;
+        let coll = client
+            .database("laconic_bench")
+            .collection::<Document>(&format!("c_{name}"));
+        coll.drop().await?;
+        let docs: Vec<Document> = (0..PRELOADED).map(|i| sample(i as i64)).collect();
+        coll.insert_many(docs).await?;
+        clients.push((*name, client, coll));
+    }
+
+    println!(
+        "workload: {:.1} s per case; upstream {upstream_host}; proxy {}",
+        args.seconds, proxy.addr
+    );
+    println!(
+        "{:<26} {:>3} {:<8} {:>10} {:>9} {:>9}",
+        "operation", "c", "target", "ops/s", "p50 µs", "p99 µs"
+    );
+    let mut summary = Vec::new();
+    for &c in &args.clients {
+        for op in Op::ALL {
+            let mut results = Vec::new();
+            for (name, _, coll) in &clients {
+                let m = measure(coll.clone(), op, c, Duration::from_secs_f64(args.seconds)).await?;
+                println!(
+                    "{:<26} {:>3} {:<8} {:>10.0} {:>9} {:>9}",
+                    op.name(),
+                    c,
+                    name,
+                    m.ops_per_sec(),
+                    m.p50.as_micros(),
+                    m.p99.as_micros()
+                );
+                results.push((*name, m));
+            }
+            summary.push((op, c, results));
+        }
+    }
+
+    println!();
+    println!(
+        "{:<26} {:>3} {:>18} {:>18} {:>22}",
+        "operation", "c", "laconic/direct", "relay/direct", "added p50 vs relay's"
+    );
+    for (op, c, results) in &summary {
+        let get = |n: &str| results.iter().find(|(name, _)| *name == n).map(|(_, m)| m);
+        let (Some(d), Some(l)) = (get("direct"), get("laconic")) else {
+            continue;
+        };
+        let relay = get("relay");
+        let added = |m: &Measurement| m.p50.as_secs_f64() - d.p50.as_secs_f64();
+        println!(
+            "{:<26} {:>3} {:>17.3}x {:>18} {:>22}",
+            op.name(),
+            c,
+            l.ops_per_sec() / d.ops_per_sec(),
+            relay.map_or("-".into(), |r| format!(
+                "{:.3}x",
+                r.ops_per_sec() / d.ops_per_sec()
+            )),
+            relay.map_or("-".into(), |r| {
+                format!("{:+.0} µs vs {:+.0} µs", added(l) * 1e6, added(r) * 1e6)
+            }),
+        );
+    }
+    for (_, client, coll) in clients {
+        coll.drop().await?;
+        client.shutdown().await;
+    }
+    proxy.shutdown.trigger();
+    Ok(())
+}
+
+fn sample(i: i64) -> Document {
+    doc! { "_id": i, "name": format!("user-{i}"), "email": format!("user{i}@example.com"), "score": i * 7, "tags": ["a", "b", "c"] }
+}
+
+async fn measure(
+    coll: Collection<Document>,
+    op: Op,
+    clients: usize,
+    length: Duration,
+) -> anyhow::Result<Measurement> {
+    let start = Instant::now();
+    let deadline = start + length;
+    let coll = Arc::new(coll);
+    let mut tasks = Vec::new();
+    for t in 0..clients {
+        let coll = coll.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut i = t as i64;
+            while Instant::now() < deadline {
+                let began = Instant::now();
+                match op {
+                    Op::InsertOne => {
+                        coll.insert_one(
+                            doc! {"_id": ObjectId::new(), "n": i, "name": "x".repeat(40)},
+                        )
+                        .await?;
+                    }
+                    Op::FindOneById => {
+                        let id = i % PRELOADED as i64;
+                        anyhow::ensure!(
+                            coll.find_one(doc! {"_id": id}).await?.is_some(),
+                            "document {id} missing"
+                        );
+                    }
+                    Op::InsertMany => {
+                        let docs =
+                            (0..100).map(|k| doc! {"_id": ObjectId::new(), "n": i * 100 + k});
+                        coll.insert_many(docs).await?;
+                    }
+                    Op::CursorRead => {
+                        let docs: Vec<Document> = coll
+                            .find(doc! {"_id": {"$lt": PRELOADED as i64}})
+                            .await?
+                            .try_collect()
+                            .await?;
+                        anyhow::ensure!(docs.len() == PRELOADED, "read {} documents", docs.len());
+                    }
+                }
+                latencies.push(began.elapsed());
+                i += clients as i64;
+            }
+            Ok::<_, anyhow::Error>(latencies)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let elapsed = start.elapsed();
+    all.sort();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Ok(Measurement {
+        ops: all.len(),
+        elapsed,
+        p50: pct(0.50),
+        p99: pct(0.99),
+    })
+}

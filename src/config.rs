@@ -1,0 +1,251 @@
+//! Configuration: a TOML file, overridden by environment variables and flags.
+//!
+//! Precedence, highest first: command-line flag, `LACONIC_*` environment
+//! variable (read by clap, so tests never touch the process environment),
+//! the `--config` file, the defaults below. [`Config::validate`] runs once at
+//! start-up and fails fast with the offending setting named.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::wire::{Compressor, MAX_MESSAGE_SIZE};
+
+/// The whole configuration.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub proxy: ProxyConfig,
+    pub log: LogConfig,
+}
+
+/// Where to listen, where to forward, and the limits in between.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Address to accept drivers on (`127.0.0.1:0` picks a free port).
+    pub listen: String,
+    /// The upstream deployment, as a `mongodb://` URI.
+    pub upstream: String,
+    /// Downstream connections served at once; further ones are closed at accept.
+    pub max_connections: usize,
+    /// Time allowed to open the upstream connection.
+    pub connect_timeout_ms: u64,
+    /// Time a new downstream connection has to send its first message.
+    pub handshake_timeout_ms: u64,
+    /// On SIGTERM/SIGINT, how long requests in flight may take to finish.
+    pub shutdown_grace_ms: u64,
+    /// The largest message accepted on either leg.
+    pub max_message_size: usize,
+    /// Compressors offered to drivers, in order of preference.
+    pub client_compressors: Vec<String>,
+    /// Compressors offered to the upstream (empty: the upstream leg is uncompressed).
+    pub upstream_compressors: Vec<String>,
+    /// Record every session's frames into this directory.
+    pub capture_dir: Option<PathBuf>,
+}
+
+/// Logging.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `laconic=debug`.
+    pub level: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            proxy: ProxyConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: "127.0.0.1:27018".into(),
+            upstream: "mongodb://127.0.0.1:27017/".into(),
+            max_connections: 4096,
+            connect_timeout_ms: 10_000,
+            handshake_timeout_ms: 10_000,
+            shutdown_grace_ms: 10_000,
+            max_message_size: MAX_MESSAGE_SIZE,
+            client_compressors: Compressor::SUPPORTED
+                .iter()
+                .map(|c| c.name().to_owned())
+                .collect(),
+            upstream_compressors: Vec::new(),
+            capture_dir: None,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// A configuration that cannot be used, with the setting at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid setting {setting} = {value:?}: {reason}")]
+    Invalid {
+        setting: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Loads a TOML file; missing settings keep their defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Config, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// Checks every setting; the first bad one is reported.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let p = &self.proxy;
+        let invalid = |setting, value: String, reason: &str| ConfigError::Invalid {
+            setting,
+            value,
+            reason: reason.to_owned(),
+        };
+        if p.listen.parse::<SocketAddr>().is_err() {
+            return Err(invalid(
+                "proxy.listen",
+                p.listen.clone(),
+                "expected HOST:PORT with an IP address",
+            ));
+        }
+        crate::upstream::UpstreamAddr::parse(&p.upstream)
+            .map_err(|e| invalid("proxy.upstream", p.upstream.clone(), &e))?;
+        if p.max_connections == 0 {
+            return Err(invalid(
+                "proxy.max_connections",
+                "0".into(),
+                "must be at least 1",
+            ));
+        }
+        if !(1024..=MAX_MESSAGE_SIZE).contains(&p.max_message_size) {
+            return Err(invalid(
+                "proxy.max_message_size",
+                p.max_message_size.to_string(),
+                "must lie between 1024 and 48000000",
+            ));
+        }
+        for (setting, list) in [
+            ("proxy.client_compressors", &p.client_compressors),
+            ("proxy.upstream_compressors", &p.upstream_compressors),
+        ] {
+            for name in list {
+                if !matches!(Compressor::from_name(name), Some(c) if c != Compressor::Noop) {
+                    return Err(invalid(
+                        setting,
+                        name.clone(),
+                        "expected snappy, zlib or zstd",
+                    ));
+                }
+            }
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(invalid("log.level", self.log.level.clone(), &e.to_string()));
+        }
+        Ok(())
+    }
+}
+
+impl ProxyConfig {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+
+    fn compressors(names: &[String]) -> Vec<Compressor> {
+        names
+            .iter()
+            .filter_map(|n| Compressor::from_name(n))
+            .collect()
+    }
+    pub fn client_compressors(&self) -> Vec<Compressor> {
+        Self::compressors(&self.client_compressors)
+    }
+    pub fn upstream_compressors(&self) -> Vec<Compressor> {
+        Self::compressors(&self.upstream_compressors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_config_file_parses_and_validates() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/laconic.toml");
+        let config = Config::load(&path).unwrap();
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn partial_files_keep_defaults_and_bad_values_are_named() {
+        let c = Config::parse("[proxy]\nmax_connections = 7\n").unwrap();
+        assert_eq!(c.proxy.max_connections, 7);
+        assert_eq!(c.proxy.listen, ProxyConfig::default().listen);
+
+        let mut c = Config::default();
+        c.proxy.upstream_compressors = vec!["lz4".into()];
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("proxy.upstream_compressors") && err.contains("lz4"),
+            "{err}"
+        );
+
+        assert!(
+            Config::parse("[proxy]\nlisten_addr = 1\n").is_err(),
+            "unknown keys are rejected"
+        );
+    }
+}

@@ -1,0 +1,140 @@
+//! ① The accept loop: a connection limit, accept back-off, graceful shutdown.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tracing::{info, warn};
+
+use super::session::Session;
+use crate::capture::CaptureDir;
+use crate::config::ProxyConfig;
+use crate::rewrite;
+use crate::shutdown::Shutdown;
+use crate::upstream::UpstreamAddr;
+
+/// What every session shares.
+#[derive(Debug)]
+pub struct ProxyContext {
+    pub config: ProxyConfig,
+    pub upstream: UpstreamAddr,
+    pub rewrite: rewrite::Settings,
+    pub capture: Option<CaptureDir>,
+    next_session: AtomicU64,
+}
+
+impl ProxyContext {
+    pub fn new(config: ProxyConfig) -> std::io::Result<ProxyContext> {
+        let upstream = UpstreamAddr::parse(&config.upstream)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let capture = match &config.capture_dir {
+            Some(dir) => Some(CaptureDir::create(dir)?),
+            None => None,
+        };
+        Ok(ProxyContext {
+            rewrite: rewrite::Settings {
+                client_compressors: config.client_compressors(),
+                upstream_compressors: config.upstream_compressors(),
+            },
+            upstream,
+            capture,
+            config,
+            next_session: AtomicU64::new(1),
+        })
+    }
+
+    pub(crate) fn next_session_id(&self) -> u64 {
+        self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A bound, not yet running proxy.
+pub struct Proxy {
+    listener: TcpListener,
+    ctx: Arc<ProxyContext>,
+    shutdown: Shutdown,
+}
+
+/// A running proxy: its address, and the means to stop it.
+#[derive(Clone, Debug)]
+pub struct ProxyHandle {
+    pub addr: SocketAddr,
+    pub shutdown: Shutdown,
+}
+
+impl Proxy {
+    /// Binds the listening socket.
+    pub async fn bind(config: ProxyConfig) -> std::io::Result<Proxy> {
+        let listener = TcpListener::bind(config.listen.as_str()).await?;
+        Ok(Proxy {
+            listener,
+            ctx: Arc::new(ProxyContext::new(config)?),
+            shutdown: Shutdown::new(),
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn handle(&self) -> std::io::Result<ProxyHandle> {
+        Ok(ProxyHandle {
+            addr: self.local_addr()?,
+            shutdown: self.shutdown.clone(),
+        })
+    }
+
+    /// Binds and runs in the background; for tests, benchmarks and embedding.
+    pub async fn start(config: ProxyConfig) -> std::io::Result<ProxyHandle> {
+        let proxy = Proxy::bind(config).await?;
+        let handle = proxy.handle()?;
+        tokio::spawn(proxy.run());
+        Ok(handle)
+    }
+
+    /// Accepts until shutdown is triggered. Sessions run on the shutdown
+    /// tracker, so [`Shutdown::drain`] waits for them.
+    pub async fn run(self) {
+        let limit = Arc::new(Semaphore::new(self.ctx.config.max_connections));
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                _ = self.shutdown.triggered() => break,
+                accepted = self.listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(pair) => {
+                    backoff = Duration::from_millis(5);
+                    pair
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, then try again.
+                    warn!(error = %e, "accept failed; backing off for {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            let Ok(permit) = limit.clone().try_acquire_owned() else {
+                warn!(
+                    client.addr = %peer,
+                    max_connections = self.ctx.config.max_connections,
+                    "connection refused: the connection limit is reached"
+                );
+                drop(stream);
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let session = Session::new(stream, peer, self.ctx.clone(), self.shutdown.clone());
+            self.shutdown.tracker().spawn(async move {
+                session.run().await;
+                drop(permit);
+            });
+        }
+        info!("stopped accepting connections");
+    }
+}

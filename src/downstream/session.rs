@@ -1,0 +1,308 @@
+//! One downstream connection and its own upstream connection: the whole
+//! pipeline in one loop.
+//!
+//! ```text
+//! read frame → decompress → rewrite request → forward
+//!     → read reply (until one without moreToCome) → rewrite reply → write back
+//! ```
+//!
+//! Each driver connection gets a dedicated upstream connection, so
+//! authentication, cursors and transactions stay together. Requests and
+//! replies are not one-to-one: a request with `moreToCome` gets no reply, and
+//! a reply with `moreToCome` is followed by more (exhaust cursors, streaming
+//! hello).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+use tracing::{debug, info, warn};
+
+use super::listener::ProxyContext;
+use crate::capture::{CaptureWriter, Direction};
+use crate::error::{error_reply, ProxyError, Side};
+use crate::rewrite::{self, LegState};
+use crate::shutdown::Shutdown;
+use crate::upstream::{self, UpstreamConn};
+use crate::wire::{self, may_compress, CodecError, Compressor, Frame, Message, MessageCodec};
+
+type DownstreamConn = Framed<TcpStream, MessageCodec>;
+
+pub struct Session {
+    id: u64,
+    peer: SocketAddr,
+    downstream: DownstreamConn,
+    upstream: Option<UpstreamConn>,
+    legs: LegState,
+    ctx: Arc<ProxyContext>,
+    shutdown: Shutdown,
+    capture: Option<CaptureWriter>,
+    next_local_id: i32,
+}
+
+/// A decompressed request and how its replies must travel back.
+struct Request {
+    frame: Frame,
+    /// The compressor the driver used; replies are compressed the same way.
+    compressor: Option<Compressor>,
+    /// The command name, for logs and the never-compress list.
+    command: String,
+}
+
+impl Session {
+    pub(crate) fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        ctx: Arc<ProxyContext>,
+        shutdown: Shutdown,
+    ) -> Session {
+        let id = ctx.next_session_id();
+        let capture = ctx
+            .capture
+            .as_ref()
+            .and_then(|c| match c.open_session(id, peer) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    warn!(session = id, error = %e, "cannot open the capture file; not capturing");
+                    None
+                }
+            });
+        Session {
+            id,
+            peer,
+            downstream: Framed::new(stream, MessageCodec::new(ctx.config.max_message_size)),
+            upstream: None,
+            legs: LegState::default(),
+            capture,
+            ctx,
+            shutdown,
+            next_local_id: 1,
+        }
+    }
+
+    /// Serves the connection until either side closes it or shutdown.
+    pub async fn run(mut self) {
+        debug!(session = self.id, client.addr = %self.peer, "session opened");
+        match self.serve().await {
+            Ok(()) => debug!(session = self.id, "session closed"),
+            Err(e) => match e.side() {
+                Side::Downstream => {
+                    info!(session = self.id, client.addr = %self.peer, error = %e, "closing connection")
+                }
+                Side::Upstream | Side::Internal => {
+                    warn!(session = self.id, client.addr = %self.peer, error = %e, "closing connection")
+                }
+            },
+        }
+    }
+
+    async fn serve(&mut self) -> Result<(), ProxyError> {
+        let mut first = true;
+        while let Some(frame) = self.read_request(first).await? {
+            first = false;
+            self.handle(frame).await?;
+        }
+        Ok(())
+    }
+
+    /// ② Reads the next request. `None` when the driver closed the connection
+    /// or shutdown began while the session was idle.
+    async fn read_request(&mut self, first: bool) -> Result<Option<Frame>, ProxyError> {
+        // `FramedRead::next` is cancellation safe: a partly read frame stays
+        // in the codec's buffer, and the session ends anyway if shutdown wins.
+        let next = async {
+            if first {
+                let limit = self.ctx.config.handshake_timeout();
+                match tokio::time::timeout(limit, self.downstream.next()).await {
+                    Ok(r) => r,
+                    Err(_) => Some(Err(CodecError::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no handshake within {limit:?}"),
+                    )))),
+                }
+            } else {
+                self.downstream.next().await
+            }
+        };
+        let next = tokio::select! {
+            biased;
+            _ = self.shutdown.triggered() => return Ok(None),
+            next = next => next,
+        };
+        match next {
+            None => Ok(None),
+            Some(Ok(frame)) => Ok(Some(frame)),
+            Some(Err(e)) => Err(downstream_error(e)),
+        }
+    }
+
+    /// ③–⑧ for one request.
+    async fn handle(&mut self, frame: Frame) -> Result<(), ProxyError> {
+        let request = self.decode(frame)?;
+        if let Some(c) = &mut self.capture {
+            c.record(Direction::Request, &request.frame);
+        }
+
+        // ④ rewrite request
+        let rewritten = match rewrite::request(&request.frame, &self.ctx.rewrite) {
+            Ok(r) => r,
+            Err(e) => {
+                self.reply_error(&request, &e).await?;
+                return if e.ends_session() { Err(e) } else { Ok(()) };
+            }
+        };
+        let outbound = rewritten.frame.unwrap_or_else(|| request.frame.clone());
+
+        // ⑤ forward
+        let more_to_come = request.frame.more_to_come();
+        if let Err(e) = self.forward(outbound, &request.command).await {
+            if !more_to_come {
+                self.reply_error(&request, &e).await?;
+            }
+            return Err(e);
+        }
+        if more_to_come {
+            return Ok(()); // w:0: the upstream sends no reply
+        }
+
+        // ⑥ read replies, ⑦ rewrite them, ⑧ write them back
+        let exhaust = request.frame.exhaust_allowed();
+        let mut answered = false;
+        loop {
+            let reply = match self.next_reply(exhaust).await {
+                Ok(Some(reply)) => reply,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    if !answered {
+                        self.reply_error(&request, &e).await?;
+                    }
+                    return Err(e);
+                }
+            };
+            let reply = decompress(reply, Side::Upstream, self.ctx.config.max_message_size)?.0;
+            let more = reply.more_to_come();
+            let reply = rewrite::reply(reply, &rewritten.plan, &mut self.legs)?;
+            self.write_back(reply, &request).await?;
+            answered = true;
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    /// ③ decode: decompress and name the request.
+    fn decode(&self, frame: Frame) -> Result<Request, ProxyError> {
+        let (frame, compressor) =
+            decompress(frame, Side::Downstream, self.ctx.config.max_message_size)?;
+        let command = frame.command_name().unwrap_or_default().to_owned();
+        Ok(Request {
+            frame,
+            compressor,
+            command,
+        })
+    }
+
+    /// ⑤ Sends a request upstream, connecting first if this is the session's
+    /// first request, and compressing it if the upstream leg negotiated it.
+    async fn forward(&mut self, frame: Frame, command: &str) -> Result<(), ProxyError> {
+        if self.upstream.is_none() {
+            let conn = upstream::connect(
+                &self.ctx.upstream,
+                self.ctx.config.connect_timeout(),
+                self.ctx.config.max_message_size,
+            )
+            .await?;
+            self.upstream = Some(conn);
+        }
+        let frame = match self.legs.upstream_compressor {
+            Some(c) if may_compress(command) => frame
+                .compress(c)
+                .map_err(|e| ProxyError::Internal(e.to_string()))?,
+            _ => frame,
+        };
+        let conn = self
+            .upstream
+            .as_mut()
+            .ok_or_else(|| ProxyError::Internal("no upstream".into()))?;
+        upstream::send(conn, frame).await
+    }
+
+    /// ⑥ The next reply. While an exhaust stream runs, the driver sends
+    /// nothing: a message from it, its close, or shutdown end the stream.
+    async fn next_reply(&mut self, exhaust: bool) -> Result<Option<Frame>, ProxyError> {
+        let conn = self
+            .upstream
+            .as_mut()
+            .ok_or_else(|| ProxyError::Internal("no upstream".into()))?;
+        if !exhaust {
+            return upstream::next_reply(conn).await.map(Some);
+        }
+        // Both `next` futures are cancellation safe (buffered in their codecs).
+        tokio::select! {
+            biased;
+            _ = self.shutdown.triggered() => Ok(None),
+            from_driver = self.downstream.next() => match from_driver {
+                None => Ok(None),
+                Some(Err(e)) => Err(downstream_error(e)),
+                Some(Ok(_)) => Err(ProxyError::Malformed {
+                    side: Side::Downstream,
+                    source: wire::WireError::Truncated("exhaust stream: the driver sent a request before the last reply"),
+                }),
+            },
+            reply = upstream::next_reply(conn) => reply.map(Some),
+        }
+    }
+
+    /// ⑧ Writes a reply back, compressed as the request was.
+    async fn write_back(&mut self, reply: Frame, request: &Request) -> Result<(), ProxyError> {
+        if let Some(c) = &mut self.capture {
+            c.record(Direction::Reply, &reply);
+        }
+        let reply = match request.compressor {
+            Some(c) if may_compress(&request.command) => reply
+                .compress(c)
+                .map_err(|e| ProxyError::Internal(e.to_string()))?,
+            _ => reply,
+        };
+        self.downstream
+            .send(reply)
+            .await
+            .map_err(|e| ProxyError::DownstreamLost(e.to_string()))
+    }
+
+    /// Answers `request` with the error, in the protocol the driver used.
+    async fn reply_error(&mut self, request: &Request, err: &ProxyError) -> Result<(), ProxyError> {
+        debug!(session = self.id, command = %request.command, error = %err, "answering with an error");
+        let id = self.next_local_id;
+        self.next_local_id = self.next_local_id.wrapping_add(1);
+        let reply = error_reply(err, &request.frame, id);
+        self.write_back(reply, request).await
+    }
+}
+
+/// Unwraps OP_COMPRESSED, returning the compressor used.
+fn decompress(
+    frame: Frame,
+    side: Side,
+    max: usize,
+) -> Result<(Frame, Option<Compressor>), ProxyError> {
+    let Message::Compressed(c) = frame.message() else {
+        return Ok((frame, None));
+    };
+    let malformed = |source| ProxyError::Malformed { side, source };
+    let compressor = c.compressor().map_err(malformed)?;
+    let inner = c.decompress(&frame.header, max).map_err(malformed)?;
+    Ok((inner, Some(compressor)))
+}
+
+fn downstream_error(e: CodecError) -> ProxyError {
+    match e {
+        CodecError::Wire(source) => ProxyError::Malformed {
+            side: Side::Downstream,
+            source,
+        },
+        CodecError::Io(e) => ProxyError::DownstreamLost(e.to_string()),
+    }
+}

@@ -1,0 +1,99 @@
+//! Errors, tagged with the side at fault, and the one place where they become
+//! MongoDB-style replies (`ok: 0`, `errmsg`, `code`, `codeName`).
+
+use bson::{doc, RawDocumentBuf};
+
+use crate::wire::{Frame, Message, MsgFlags, OpMsg, OpReply, WireError};
+
+/// Which side of the proxy an error came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The driver sent something the proxy will not forward.
+    Downstream,
+    /// The upstream could not be reached or stopped answering.
+    Upstream,
+    /// A fault in the proxy itself.
+    Internal,
+}
+
+/// An error that ends a request or a session.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// A frame that could not be decoded; the connection that sent it is closed.
+    #[error("malformed message from {side:?}: {source}")]
+    Malformed { side: Side, source: WireError },
+    /// The driver's connection failed or closed inside a message.
+    #[error("the downstream connection failed: {0}")]
+    DownstreamLost(String),
+    /// The upstream could not be connected to.
+    #[error("cannot connect to the upstream at {addr}: {reason}")]
+    UpstreamUnavailable { addr: String, reason: String },
+    /// The upstream closed the connection or failed while a request was in flight.
+    #[error("the upstream connection failed: {0}")]
+    UpstreamLost(String),
+    /// A legacy OP_QUERY other than the `isMaster` handshake.
+    #[error("Unsupported OP_QUERY command: {0}. The client driver may require an upgrade.")]
+    UnsupportedOpQuery(String),
+    /// A request the proxy cannot forward faithfully.
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    pub fn side(&self) -> Side {
+        match self {
+            ProxyError::Malformed { side, .. } => *side,
+            ProxyError::DownstreamLost(_) => Side::Downstream,
+            ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamLost(_) => Side::Upstream,
+            ProxyError::UnsupportedOpQuery(_) | ProxyError::Unsupported(_) => Side::Downstream,
+            ProxyError::Internal(_) => Side::Internal,
+        }
+    }
+
+    /// The server error code and name the driver sees. Upstream failures use
+    /// codes that drivers treat as retryable network errors.
+    pub fn code(&self) -> (i32, &'static str) {
+        match self {
+            ProxyError::Malformed { .. } => (9, "FailedToParse"),
+            ProxyError::DownstreamLost(_) => (6, "HostUnreachable"),
+            ProxyError::UpstreamUnavailable { .. } => (6, "HostUnreachable"),
+            ProxyError::UpstreamLost(_) => (6, "HostUnreachable"),
+            ProxyError::UnsupportedOpQuery(_) => (352, "UnsupportedOpQueryCommand"),
+            ProxyError::Unsupported(_) => (115, "CommandNotSupported"),
+            ProxyError::Internal(_) => (1, "InternalError"),
+        }
+    }
+
+    /// Whether the session can go on after answering this error.
+    pub fn ends_session(&self) -> bool {
+        !matches!(
+            self,
+            ProxyError::UnsupportedOpQuery(_) | ProxyError::Unsupported(_)
+        )
+    }
+}
+
+/// The error document: `{ok: 0, errmsg, code, codeName}`.
+pub fn error_document(err: &ProxyError) -> RawDocumentBuf {
+    let (code, name) = err.code();
+    let mut errmsg = err.to_string();
+    if !matches!(err, ProxyError::UnsupportedOpQuery(_)) {
+        errmsg = format!("laconic: {errmsg}");
+    }
+    let d = doc! { "ok": 0.0, "errmsg": errmsg, "code": code, "codeName": name };
+    // A document of plain strings and numbers always serializes.
+    RawDocumentBuf::from_document(&d).unwrap_or_default()
+}
+
+/// The reply to `request` that reports `err`, in the request's own protocol:
+/// OP_REPLY for an OP_QUERY, OP_MSG otherwise.
+pub fn error_reply(err: &ProxyError, request: &Frame, request_id: i32) -> Frame {
+    let body = error_document(err);
+    let message = match request.message() {
+        Message::Query(_) => Message::Reply(OpReply::single(&body)),
+        _ => Message::Msg(OpMsg::from_body(MsgFlags::default(), &body)),
+    };
+    Frame::new(request_id, request.header.request_id, message)
+}

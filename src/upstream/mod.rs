@@ -1,0 +1,5 @@
+//! ⑤⑥ The upstream leg: where requests are forwarded and replies read from.
+
+mod connection;
+
+pub use connection::{connect, next_reply, send, UpstreamAddr, UpstreamConn};
