@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::wire::{Compressor, MAX_MESSAGE_SIZE};
 
 /// The whole configuration.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub proxy: ProxyConfig,
@@ -63,15 +63,6 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            proxy: ProxyConfig::default(),
-            log: LogConfig::default(),
-        }
-    }
 }
 
 impl Default for ProxyConfig {

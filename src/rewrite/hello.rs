@@ -269,7 +269,7 @@ mod tests {
     use bson::{doc, Document};
 
     use super::*;
-    use crate::wire::MsgFlags;
+    use crate::wire::{MsgFlags, OpMsg};
 
     fn frame(d: Document) -> Frame {
         let raw = RawDocumentBuf::from_document(&d).unwrap();

@@ -1,0 +1,204 @@
+//! Shared fixtures: the upstream, a proxy in front of it, drivers, raw frames.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+use bson::{doc, Document, RawDocumentBuf};
+use bytes::Bytes;
+use laconic::config::ProxyConfig;
+use laconic::downstream::{Proxy, ProxyHandle};
+use laconic::wire::{Frame, Message, MsgFlags, OpMsg, MAX_MESSAGE_SIZE};
+use mongodb::Client;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An upstream for the tests: a URI, and the process behind it if we started it.
+pub struct Upstream {
+    /// `mongodb://host:port/` with no options.
+    pub uri: String,
+    pub host: String,
+    /// Keeps the launcher's stdin open; the launcher stops the server at EOF.
+    _process: Option<Mutex<Child>>,
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Python of the project's venv (installed by scripts/setup.sh).
+pub fn venv_python() -> PathBuf {
+    static READY: OnceLock<PathBuf> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            let python = root().join(".upstream/venv/bin/python");
+            let status = Command::new("bash")
+                .arg(root().join("scripts/setup.sh"))
+                .status()
+                .expect("run scripts/setup.sh");
+            assert!(status.success(), "scripts/setup.sh failed");
+            python
+        })
+        .clone()
+}
+
+fn launch(extra: &[&str]) -> Upstream {
+    let mut child = Command::new(venv_python())
+        .arg(root().join("scripts/upstream.py"))
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start scripts/upstream.py");
+    let stdout = child.stdout.take().expect("launcher stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read launcher output");
+    let port: u16 = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("upstream launcher said {line:?}"));
+    let host = format!("127.0.0.1:{port}");
+    Upstream {
+        uri: format!("mongodb://{host}/"),
+        host,
+        _process: Some(Mutex::new(child)),
+    }
+}
+
+/// The upstream shared by every test in this binary: `LACONIC_TEST_UPSTREAM`
+/// when set (a real mongod, say), otherwise a SecantusDB started here.
+pub fn upstream() -> &'static Upstream {
+    static UPSTREAM: OnceLock<Upstream> = OnceLock::new();
+    UPSTREAM.get_or_init(|| match std::env::var("LACONIC_TEST_UPSTREAM") {
+        Ok(uri) if !uri.is_empty() => {
+            let addr = laconic::upstream::UpstreamAddr::parse(&uri).expect("LACONIC_TEST_UPSTREAM");
+            Upstream {
+                host: addr.hosts[0].clone(),
+                uri,
+                _process: None,
+            }
+        }
+        _ => launch(&[]),
+    })
+}
+
+/// A second SecantusDB with SCRAM-SHA-256 on and one root user; `None` when
+/// the tests run against an external upstream (which the test then uses).
+pub fn auth_upstream() -> Option<&'static Upstream> {
+    static UPSTREAM: OnceLock<Option<Upstream>> = OnceLock::new();
+    UPSTREAM
+        .get_or_init(|| {
+            if std::env::var("LACONIC_TEST_UPSTREAM").is_ok_and(|u| !u.is_empty()) {
+                None
+            } else {
+                Some(launch(&["--auth", "laconic:s3cret-pw"]))
+            }
+        })
+        .as_ref()
+}
+
+pub fn proxy_config(upstream: &str) -> ProxyConfig {
+    ProxyConfig {
+        listen: "127.0.0.1:0".into(),
+        upstream: upstream.to_owned(),
+        ..ProxyConfig::default()
+    }
+}
+
+/// A proxy in front of the shared upstream, running on the test's runtime.
+pub async fn proxy() -> ProxyHandle {
+    start(proxy_config(&upstream().uri)).await
+}
+
+pub async fn start(config: ProxyConfig) -> ProxyHandle {
+    Proxy::start(config).await.expect("start proxy")
+}
+
+/// A driver pointed at the proxy exactly as a user would: the address only,
+/// no `directConnection`.
+pub async fn via_proxy(proxy: &ProxyHandle) -> Client {
+    Client::with_uri_str(format!("mongodb://{}/?retryWrites=false", proxy.addr))
+        .await
+        .expect("client")
+}
+
+/// A driver connected straight to the upstream.
+pub async fn direct() -> Client {
+    let uri = &upstream().uri;
+    let sep = if uri.contains('?') { "&" } else { "?" };
+    let uri = if uri.ends_with('/') || uri.contains('?') {
+        format!("{uri}{sep}directConnection=true&retryWrites=false")
+    } else {
+        format!("{uri}/?directConnection=true&retryWrites=false")
+    };
+    Client::with_uri_str(uri).await.expect("client")
+}
+
+/// A database name unique to one test and one side of a comparison.
+pub fn db_name(test: &str, side: &str) -> String {
+    format!("lt_{test}_{side}")
+}
+
+// --- raw frames -----------------------------------------------------------
+
+pub fn op_msg(request_id: i32, flags: u32, body: Document) -> Frame {
+    let raw = RawDocumentBuf::from_document(&body).unwrap();
+    let mut m = OpMsg::from_body(MsgFlags::default(), &raw);
+    m.flags = MsgFlags(flags);
+    Frame::new(request_id, 0, Message::Msg(m))
+}
+
+pub async fn write_frame(stream: &mut TcpStream, frame: &Frame) {
+    stream.write_all(&frame.to_bytes()).await.unwrap();
+}
+
+/// Reads one frame; `None` when the peer closed the connection.
+pub async fn read_frame(stream: &mut TcpStream) -> Option<Frame> {
+    let mut len = [0u8; 4];
+    if stream.read_exact(&mut len).await.is_err() {
+        return None;
+    }
+    let n = i32::from_le_bytes(len) as usize;
+    let mut buf = vec![0u8; n];
+    buf[..4].copy_from_slice(&len);
+    stream.read_exact(&mut buf[4..]).await.ok()?;
+    Some(Frame::parse(Bytes::from(buf), MAX_MESSAGE_SIZE).expect("valid frame"))
+}
+
+pub fn body(frame: &Frame) -> Document {
+    let raw = match frame.message() {
+        Message::Msg(m) => m.body(),
+        Message::Reply(r) => r.first().unwrap(),
+        other => panic!("unexpected message {other:?}"),
+    };
+    Document::try_from(raw).unwrap()
+}
+
+/// A raw connection to the proxy that has completed a `hello`.
+pub async fn raw_session(proxy: &ProxyHandle) -> TcpStream {
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    write_frame(&mut s, &op_msg(1, 0, doc! {"hello": 1, "$db": "admin"})).await;
+    let reply = read_frame(&mut s).await.expect("hello reply");
+    assert_eq!(body(&reply).get_str("msg").unwrap(), "isdbgrid");
+    s
+}
+
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("laconic-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,12 @@
+//! Integration tests: the real proxy in front of a real upstream, driven by
+//! real drivers. The upstream is SecantusDB, installed and started by
+//! [`common::upstream`], or the server named by `LACONIC_TEST_UPSTREAM`.
+
+mod common;
+
+mod capture;
+mod errors;
+mod handshake;
+mod passthrough;
+mod pymongo;
+mod shutdown;

@@ -1,0 +1,144 @@
+//! Connection limits, graceful shutdown, and the binary's start-up contract.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bson::{doc, Document};
+use mongodb::Collection;
+use tokio::net::TcpStream;
+
+use crate::common::{self, db_name, raw_session, read_frame};
+
+#[tokio::test]
+async fn connections_over_the_limit_are_closed_at_accept() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.max_connections = 2;
+    let proxy = common::start(config).await;
+    let _a = raw_session(&proxy).await;
+    let _b = raw_session(&proxy).await;
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut c)).await;
+    assert!(
+        matches!(closed, Ok(None)),
+        "the third connection is refused"
+    );
+    drop(_a);
+    // A slot frees up once a session ends.
+    let mut ok = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        common::write_frame(
+            &mut s,
+            &common::op_msg(1, 0, doc! {"hello": 1, "$db": "admin"}),
+        )
+        .await;
+        if tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s))
+            .await
+            .unwrap()
+            .is_some()
+        {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok);
+}
+
+#[tokio::test]
+async fn shutdown_lets_the_request_in_flight_finish_and_refuses_new_connections() {
+    let proxy = common::proxy().await;
+    let client = common::via_proxy(&proxy).await;
+    let c: Collection<Document> = client
+        .database(&db_name("shutdown", "proxy"))
+        .collection("c");
+    // Warm the pool so the insert goes out at once on an open connection.
+    c.drop().await.unwrap();
+    let docs: Vec<Document> = (0..20_000)
+        .map(|i| doc! {"_id": i, "pad": "x".repeat(100)})
+        .collect();
+    let insert = tokio::spawn({
+        let c = c.clone();
+        async move { c.insert_many(docs).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    proxy.shutdown.trigger();
+    let drained = proxy.shutdown.drain(Duration::from_secs(60));
+    let result = insert.await.unwrap();
+    assert!(drained.await, "sessions finished within the grace period");
+    let inserted = result
+        .expect("the request in flight completed")
+        .inserted_ids
+        .len();
+    assert_eq!(inserted, 20_000);
+    assert!(
+        TcpStream::connect(proxy.addr).await.is_err(),
+        "no longer accepting"
+    );
+    let n = common::direct()
+        .await
+        .database(&db_name("shutdown", "proxy"))
+        .collection::<Document>("c")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(n, 20_000);
+}
+
+#[test]
+fn the_binary_prints_its_address_and_exits_cleanly_on_sigterm() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laconic"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &common::upstream().uri,
+            "--log-format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("listening line");
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    assert_ne!(port, 0);
+    std::net::TcpStream::connect(addr).expect("accepting");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let mut logs = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+    let first = logs.lines().next().expect("a log line");
+    let parsed: serde_json::Value = serde_json::from_str(first).expect("JSON logs");
+    assert!(parsed.get("level").is_some(), "{first}");
+}
+
+#[test]
+fn invalid_configuration_is_refused_with_the_setting_named() {
+    let out = Command::new(env!("CARGO_BIN_EXE_laconic"))
+        .args([
+            "serve",
+            "--listen",
+            "nowhere",
+            "--upstream",
+            "mongodb://127.0.0.1:1/",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("proxy.listen"), "{err}");
+}
