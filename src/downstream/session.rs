@@ -146,7 +146,7 @@ impl Session {
         }
 
         // ④ rewrite request
-        let rewritten = match rewrite::request(&request.frame, &self.ctx.rewrite) {
+        let rewritten = match rewrite::request(&request.frame, &self.ctx.rewrite, &self.legs) {
             Ok(r) => r,
             Err(e) => {
                 self.reply_error(&request, &e).await?;

@@ -51,7 +51,13 @@ pub fn is_hello(command: &str) -> bool {
 }
 
 /// Replaces the driver's `compression` list with the proxy's upstream offer.
-pub(super) fn request(frame: &Frame, settings: &Settings) -> Result<Rewritten, ProxyError> {
+/// The connection's first hello always carries that offer, whether or not the
+/// driver asked for compression on its own leg.
+pub(super) fn request(
+    frame: &Frame,
+    settings: &Settings,
+    legs: &LegState,
+) -> Result<Rewritten, ProxyError> {
     let command = match frame.message() {
         Message::Msg(m) => Some(m.body()),
         Message::Query(q) => q.command(),
@@ -68,15 +74,19 @@ pub(super) fn request(frame: &Frame, settings: &Settings) -> Result<Rewritten, P
         ),
         _ => None,
     };
-    let Some(asked) = asked else {
-        return Ok(Rewritten {
-            frame: None,
-            plan: ReplyPlan::Hello(HelloPlan {
-                negotiates: false,
-                client_offer: Vec::new(),
-                upstream_offer: Vec::new(),
-            }),
-        });
+    let asked = match asked {
+        Some(asked) => asked,
+        None if !legs.handshaken && !settings.upstream_compressors.is_empty() => Vec::new(),
+        None => {
+            return Ok(Rewritten {
+                frame: None,
+                plan: ReplyPlan::Hello(HelloPlan {
+                    negotiates: false,
+                    client_offer: Vec::new(),
+                    upstream_offer: Vec::new(),
+                }),
+            })
+        }
     };
     let plan = HelloPlan {
         negotiates: true,
@@ -132,6 +142,7 @@ pub(super) fn reply(
         return Ok(frame);
     }
     if plan.negotiates {
+        legs.handshaken = true;
         let accepted = match body.get("compression") {
             Ok(Some(RawBsonRef::Array(a))) => a
                 .into_iter()
@@ -216,23 +227,28 @@ fn names(list: &[Compressor]) -> Option<bson::RawArrayBuf> {
     Some(a)
 }
 
-/// A copy of `doc` with `key` replaced by `value` in place (or dropped when
-/// `value` is `None`); other keys keep their order.
+/// A copy of `doc` with `key` replaced by `value` in place (appended when
+/// absent, dropped when `value` is `None`); other keys keep their order.
 fn copy_replacing(
     doc: &RawDocument,
     key: &str,
     value: Option<&bson::RawArrayBuf>,
 ) -> Result<RawDocumentBuf, ProxyError> {
     let mut out = RawDocumentBuf::new();
+    let mut placed = false;
     for element in doc {
         let (k, v) = element.map_err(bson_error)?;
         if k == key {
+            placed = true;
             if let Some(value) = value {
                 out.append(k, value.clone());
             }
         } else {
             out.append(k, v.to_raw_bson());
         }
+    }
+    if let (false, Some(value)) = (placed, value) {
+        out.append(key, value.clone());
     }
     Ok(out)
 }
@@ -292,7 +308,7 @@ mod tests {
         };
         let req =
             frame(doc! {"hello": 1, "compression": ["snappy", "zlib", "zstd"], "$db": "admin"});
-        let rw = request(&req, &settings).unwrap();
+        let rw = request(&req, &settings, &LegState::default()).unwrap();
         let forwarded = rw.frame.unwrap();
         assert_eq!(body(&forwarded), doc! {"hello": 1, "$db": "admin"});
         let ReplyPlan::Hello(plan) = rw.plan else {
@@ -329,7 +345,7 @@ mod tests {
             upstream_compressors: vec![Compressor::Zstd, Compressor::Zlib],
         };
         let req = frame(doc! {"isMaster": 1, "compression": ["zstd"]});
-        let rw = request(&req, &settings).unwrap();
+        let rw = request(&req, &settings, &LegState::default()).unwrap();
         assert_eq!(
             body(&rw.frame.unwrap()),
             doc! {"isMaster": 1, "compression": ["zstd", "zlib"]}
@@ -352,6 +368,39 @@ mod tests {
     }
 
     #[test]
+    fn the_first_hello_offers_upstream_compression_even_if_the_driver_asks_none() {
+        let settings = Settings {
+            client_compressors: vec![Compressor::Zstd],
+            upstream_compressors: vec![Compressor::Snappy],
+        };
+        let req = frame(doc! {"hello": 1, "$db": "admin"});
+        let rw = request(&req, &settings, &LegState::default()).unwrap();
+        assert_eq!(
+            body(&rw.frame.unwrap()),
+            doc! {"hello": 1, "$db": "admin", "compression": ["snappy"]}
+        );
+        let ReplyPlan::Hello(plan) = rw.plan else {
+            panic!()
+        };
+        let mut legs = LegState::default();
+        let out = reply(
+            frame(doc! {"isWritablePrimary": true, "compression": ["snappy"], "ok": 1.0}),
+            &plan,
+            &mut legs,
+        )
+        .unwrap();
+        assert_eq!(legs.upstream_compressor, Some(Compressor::Snappy));
+        assert!(legs.handshaken);
+        assert!(
+            !body(&out).contains_key("compression"),
+            "the driver asked for none"
+        );
+        // Later hellos (monitoring) are left alone.
+        let later = request(&req, &settings, &legs).unwrap();
+        assert!(later.frame.is_none());
+    }
+
+    #[test]
     fn legacy_op_query_handshake_is_rewritten_inside_query() {
         let q = RawDocumentBuf::from_document(&doc! {"$query": {"isMaster": 1, "compression": ["zlib"]}, "$readPreference": {"mode": "primary"}}).unwrap();
         let req = Frame::new(
@@ -370,7 +419,7 @@ mod tests {
             client_compressors: vec![Compressor::Zlib],
             upstream_compressors: vec![],
         };
-        let rw = request(&req, &settings).unwrap();
+        let rw = request(&req, &settings, &LegState::default()).unwrap();
         let Message::Query(out) = rw.frame.unwrap().into_message() else {
             panic!()
         };

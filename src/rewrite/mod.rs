@@ -34,6 +34,8 @@ pub enum ReplyPlan {
 /// Per-session state that replies settle and later requests use.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LegState {
+    /// Whether the connection's handshake hello has been answered.
+    pub handshaken: bool,
     /// The compressor the upstream accepted, if any.
     pub upstream_compressor: Option<Compressor>,
 }
@@ -45,13 +47,17 @@ pub struct Rewritten {
 }
 
 /// Rewrites one decompressed request.
-pub fn request(frame: &Frame, settings: &Settings) -> Result<Rewritten, ProxyError> {
+pub fn request(
+    frame: &Frame,
+    settings: &Settings,
+    legs: &LegState,
+) -> Result<Rewritten, ProxyError> {
     let name = frame.command_name();
     if let Message::Query(q) = frame.message() {
         // Since 5.1 a server answers only the `isMaster` handshake over
         // OP_QUERY; the proxy holds every other OP_QUERY to that rule itself.
         return match name {
-            Some(n) if hello::is_hello(n) => hello::request(frame, settings),
+            Some(n) if hello::is_hello(n) => hello::request(frame, settings, legs),
             Some(n) => Err(ProxyError::UnsupportedOpQuery(n.to_owned())),
             None => Err(ProxyError::UnsupportedOpQuery(
                 q.full_collection_name.clone(),
@@ -59,7 +65,7 @@ pub fn request(frame: &Frame, settings: &Settings) -> Result<Rewritten, ProxyErr
         };
     }
     match name {
-        Some(n) if hello::is_hello(n) => hello::request(frame, settings),
+        Some(n) if hello::is_hello(n) => hello::request(frame, settings, legs),
         _ => Ok(Rewritten {
             frame: None,
             plan: ReplyPlan::Forward,

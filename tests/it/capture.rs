@@ -122,12 +122,23 @@ async fn the_checked_in_captures_replay_cleanly() {
     );
     let proxy = common::proxy().await;
     let target = UpstreamAddr::parse(&format!("mongodb://{}/", proxy.addr)).unwrap();
+    // The recorded replies are SecantusDB's. Another server (LACONIC_TEST_UPSTREAM)
+    // may answer some commands differently: there the differences are shown, not failed on.
+    let recorded_server = std::env::var("LACONIC_TEST_UPSTREAM").map_or(true, |u| u.is_empty());
     for file in captures {
         let records = read_capture(&file).unwrap();
         let report = replay(&records, &target, Duration::from_secs(30))
             .await
             .unwrap();
         assert!(report.requests > 3, "{}: {report:?}", file.display());
-        assert_eq!(report.differences, vec![], "{}", file.display());
+        if recorded_server {
+            assert_eq!(report.differences, vec![], "{}", file.display());
+        } else {
+            eprintln!(
+                "{}: differences from the recording: {:#?}",
+                file.display(),
+                report.differences
+            );
+        }
     }
 }

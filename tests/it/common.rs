@@ -202,3 +202,49 @@ pub fn files_in(dir: &Path) -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// A byte-for-byte TCP relay in front of `target` that notes the opcode of
+/// every message sent towards the target: it shows what the proxy's
+/// upstream leg really carries.
+pub struct Tap {
+    pub addr: std::net::SocketAddr,
+    pub opcodes: std::sync::Arc<Mutex<Vec<i32>>>,
+}
+
+pub async fn tap(target: String) -> Tap {
+    use std::sync::Arc;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let opcodes = Arc::new(Mutex::new(Vec::new()));
+    let seen = opcodes.clone();
+    tokio::spawn(async move {
+        while let Ok((down, _)) = listener.accept().await {
+            let up = TcpStream::connect(&target).await.unwrap();
+            let (mut dr, mut dw) = down.into_split();
+            let (mut ur, mut uw) = up.into_split();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                loop {
+                    let mut len = [0u8; 4];
+                    if dr.read_exact(&mut len).await.is_err() {
+                        break;
+                    }
+                    let mut rest = vec![0u8; i32::from_le_bytes(len) as usize - 4];
+                    if dr.read_exact(&mut rest).await.is_err() {
+                        break;
+                    }
+                    seen.lock()
+                        .unwrap()
+                        .push(i32::from_le_bytes(rest[8..12].try_into().unwrap()));
+                    if uw.write_all(&len).await.is_err() || uw.write_all(&rest).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut ur, &mut dw).await;
+            });
+        }
+    });
+    Tap { addr, opcodes }
+}

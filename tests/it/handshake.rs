@@ -225,3 +225,72 @@ async fn checksummed_messages_are_verified() {
         "a bad checksum closes the connection"
     );
 }
+
+/// The compressors the upstream accepts, asked on a fresh connection.
+async fn upstream_compressors() -> Vec<String> {
+    let mut s = TcpStream::connect(&common::upstream().host).await.unwrap();
+    write_frame(
+        &mut s,
+        &op_msg(
+            1,
+            0,
+            doc! {"hello": 1, "compression": ["zstd", "snappy", "zlib"], "$db": "admin"},
+        ),
+    )
+    .await;
+    let reply = body(&read_frame(&mut s).await.unwrap());
+    reply
+        .get_array("compression")
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_upstream_leg_is_compressed_only_when_the_upstream_accepts_it() {
+    let accepted = upstream_compressors().await;
+    let tap = common::tap(common::upstream().host.clone()).await;
+    let mut config = common::proxy_config(&format!("mongodb://{}/", tap.addr));
+    config.upstream_compressors = vec!["zstd".into(), "snappy".into(), "zlib".into()];
+    let proxy = common::start(config).await;
+    let client = common::via_proxy(&proxy).await;
+    let c = client
+        .database(&db_name("upcomp", "proxy"))
+        .collection::<Document>("c");
+    c.drop().await.unwrap();
+    let docs: Vec<Document> = (0..200)
+        .map(|i| doc! {"_id": i, "s": "abc".repeat(30)})
+        .collect();
+    c.insert_many(docs.clone()).await.unwrap();
+    let read: Vec<Document> = c
+        .find(doc! {})
+        .sort(doc! {"_id": 1})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(read, docs);
+
+    let opcodes = tap.opcodes.lock().unwrap().clone();
+    assert_eq!(
+        opcodes.first(),
+        Some(&2013),
+        "the handshake itself is never compressed"
+    );
+    let compressed = opcodes.iter().filter(|&&o| o == 2012).count();
+    if accepted.is_empty() {
+        assert_eq!(
+            compressed, 0,
+            "the upstream accepts no compressor, so nothing is compressed"
+        );
+    } else {
+        assert!(
+            compressed > 0,
+            "the upstream accepts {accepted:?}, so requests are compressed: {opcodes:?}"
+        );
+    }
+}

@@ -364,6 +364,7 @@ async fn scram_sha_256_login_through_the_proxy() {
     let c = ok
         .database(&db_name("auth", "proxy"))
         .collection::<Document>("c");
+    c.drop().await.unwrap();
     c.insert_one(doc! {"_id": 1}).await.unwrap();
     assert_eq!(c.count_documents(doc! {}).await.unwrap(), 1);
 
