@@ -104,6 +104,7 @@ def main():
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop(proc)
         if owned:
             shutil.rmtree(storage, ignore_errors=True)

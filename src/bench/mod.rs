@@ -24,9 +24,13 @@ pub struct BenchArgs {
     /// The upstream to measure against (a mongodb:// URI).
     #[arg(long, env = "LACONIC_UPSTREAM")]
     pub upstream: String,
-    /// Seconds each case runs for.
+    /// Seconds each case runs for, per target, over all rounds.
     #[arg(long, default_value_t = 3.0)]
     pub seconds: f64,
+    /// Each case is split into this many rounds, the targets taking turns in a
+    /// rotating order, so that drift in the upstream affects all of them alike.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Concurrency levels to run.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
     pub clients: Vec<usize>,
@@ -44,7 +48,31 @@ pub struct Measurement {
     pub p99: Duration,
 }
 
+/// The latencies of one timed run.
+#[derive(Clone, Debug)]
+struct Sample {
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+}
+
 impl Measurement {
+    fn from_samples(samples: Vec<Sample>) -> Measurement {
+        let elapsed = samples.iter().map(|s| s.elapsed).sum();
+        let mut all: Vec<Duration> = samples.into_iter().flat_map(|s| s.latencies).collect();
+        all.sort();
+        let pct = |p: f64| {
+            all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or_default()
+        };
+        Measurement {
+            ops: all.len(),
+            elapsed,
+            p50: pct(0.50),
+            p99: pct(0.99),
+        }
+    }
+
     pub fn ops_per_sec(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64()
     }
@@ -121,8 +149,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 
     println!(
-        "workload: {:.1} s per case; upstream {upstream_host}; proxy {}",
-        args.seconds, proxy.addr
+        "workload: {:.1} s per case and target in {} rounds; upstream {upstream_host}; proxy {}",
+        args.seconds, args.rounds, proxy.addr
     );
     println!(
         "{:<26} {:>3} {:<8} {:>10} {:>9} {:>9}",
@@ -131,9 +159,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut summary = Vec::new();
     for &c in &args.clients {
         for op in Op::ALL {
+            let rounds = args.rounds.max(1);
+            let slice = Duration::from_secs_f64(args.seconds / rounds as f64);
+            let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); clients.len()];
+            for round in 0..rounds {
+                for k in 0..clients.len() {
+                    let t = (k + round) % clients.len();
+                    samples[t].push(measure(clients[t].2.clone(), op, c, slice).await?);
+                }
+            }
             let mut results = Vec::new();
-            for (name, _, coll) in &clients {
-                let m = measure(coll.clone(), op, c, Duration::from_secs_f64(args.seconds)).await?;
+            for ((name, _, _), s) in clients.iter().zip(samples) {
+                let m = Measurement::from_samples(s);
                 println!(
                     "{:<26} {:>3} {:<8} {:>10.0} {:>9} {:>9}",
                     op.name(),
@@ -192,7 +229,7 @@ async fn measure(
     op: Op,
     clients: usize,
     length: Duration,
-) -> anyhow::Result<Measurement> {
+) -> anyhow::Result<Sample> {
     let start = Instant::now();
     let deadline = start + length;
     let coll = Arc::new(coll);
@@ -238,21 +275,12 @@ async fn measure(
             Ok::<_, anyhow::Error>(latencies)
         }));
     }
-    let mut all = Vec::new();
+    let mut latencies = Vec::new();
     for t in tasks {
-        all.extend(t.await??);
+        latencies.extend(t.await??);
     }
-    let elapsed = start.elapsed();
-    all.sort();
-    let pct = |p: f64| {
-        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    Ok(Measurement {
-        ops: all.len(),
-        elapsed,
-        p50: pct(0.50),
-        p99: pct(0.99),
+    Ok(Sample {
+        latencies,
+        elapsed: start.elapsed(),
     })
 }

@@ -65,6 +65,11 @@ people.delete_many({"w0": True})
 ids = [d["_id"] for d in people.find({}, batch_size=10).sort("_id", 1)]
 assert ids == [1] + list(range(2, 302, 2)), ids[:5]
 
+# An exhaust cursor: one getMore, then a stream of replies with moreToCome
+from pymongo import CursorType
+streamed = [d["_id"] for d in people.find({}, cursor_type=CursorType.EXHAUST, batch_size=10).sort("_id", 1)]
+assert streamed == ids, streamed[:5]
+
 # Aggregation
 groups = list(people.aggregate([{"$group": {"_id": "$even", "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}]))
 assert groups == [{"_id": None, "n": 1}, {"_id": True, "n": 150}], groups

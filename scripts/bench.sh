@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs `laconic bench`: the same driver workload directly against an
+# upstream, through Laconic, and through haproxy in TCP mode, in one run.
+#
+#   scripts/bench.sh [--rust-upstream] [laconic bench options…]
+#
+# By default the upstream is the Python SecantusDB of the tests. With
+# --rust-upstream it is SecantusDB's Rust server (`secantusd-rs`, built once
+# into .upstream/rs with `cargo install`, about 8 minutes on 2 cores), which
+# is several times faster and so shows the proxy's own cost more clearly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rust=false
+if [ "${1:-}" = "--rust-upstream" ]; then rust=true; shift; fi
+bash scripts/setup.sh --with-relay
+cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
+
+work=$(mktemp -d)
+cleanup() { kill $(jobs -p) "${UP_PID:-}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+if $rust; then
+  if [ ! -x .upstream/rs/bin/secantusd-rs ]; then
+    command -v cmake >/dev/null || apt-get install -y -qq cmake >/dev/null
+    cargo install --locked --ignore-rust-version --root .upstream/rs --version 0.5.3-beta.196 secantus-mdb
+  fi
+  .upstream/rs/bin/secantusd-rs --host 127.0.0.1 --port 0 --storage-path "$work/data" --cache-size 1G \
+    > "$work/up.out" 2>&1 &
+  until grep -q "listening on" "$work/up.out"; do sleep 0.1; done
+  port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$work/up.out" | head -1)
+  echo "upstream: secantusd-rs on 127.0.0.1:$port" >&2
+else
+  coproc UP { exec .upstream/venv/bin/python scripts/upstream.py; }
+  read -r _ port <&"${UP[0]}"
+  UP_PID=$!
+  echo "upstream: secantusd-py on 127.0.0.1:$port" >&2
+fi
+./target/release/laconic bench --upstream "mongodb://127.0.0.1:$port/" "$@"
