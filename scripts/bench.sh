@@ -35,4 +35,4 @@ else
   UP_PID=$!
   echo "upstream: secantusd-py on 127.0.0.1:$port" >&2
 fi
-./target/release/laconic bench --upstream "mongodb://127.0.0.1:$port/" "$@"
+./target/release/laconic bench proxy --upstream "mongodb://127.0.0.1:$port/" "$@"

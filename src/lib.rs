@@ -24,6 +24,7 @@ pub mod capture;
 pub mod config;
 pub mod downstream;
 pub mod error;
+pub mod locality;
 pub mod rewrite;
 pub mod shutdown;
 pub mod upstream;

@@ -28,8 +28,43 @@ enum Command {
     Serve(ServeArgs),
     /// Replay captured sessions against a target and report differing replies.
     Replay(ReplayArgs),
-    /// Measure throughput and latency directly, through Laconic and through a TCP relay.
-    Bench(laconic::bench::BenchArgs),
+    /// Benchmarks: the proxy against direct and relayed connections, or the shard model.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Generate or decode Locality UUIDs.
+    #[command(subcommand)]
+    Uuid(UuidCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Throughput and latency directly, through Laconic and through a TCP relay, in one run.
+    Proxy(laconic::bench::BenchArgs),
+    /// Model a range-sharded collection fed with different _id schemes.
+    Shards(laconic::locality::simulate::Params),
+}
+
+#[derive(Subcommand)]
+enum UuidCommand {
+    /// Print new Locality UUIDs.
+    Gen {
+        /// Sequential mode: ids of the same 10-minute window share a prefix and increase.
+        #[arg(long)]
+        sequential: bool,
+        /// How many.
+        #[arg(short = 'n', default_value_t = 1)]
+        n: usize,
+        /// A node id that replaces the process-id and MAC fields (for containers).
+        #[arg(long, env = "LACONIC_NODE_ID")]
+        node_id: Option<u64>,
+    },
+    /// Print the counter, process id, MAC fragment and timestamp of a Locality UUID.
+    Decode {
+        uuid: String,
+        /// Read the counter as a sequential-mode (big-endian) counter.
+        #[arg(long)]
+        sequential: bool,
+    },
 }
 
 #[derive(Args)]
@@ -82,11 +117,54 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Replay(args) => runtime.block_on(replay(args)),
-        Command::Bench(args) => {
+        Command::Bench(BenchCommand::Proxy(args)) => {
             init_tracing(LogFormat::Text, "warn");
             runtime.block_on(laconic::bench::run(args))
         }
+        Command::Bench(BenchCommand::Shards(params)) => {
+            laconic::locality::simulate::run(&params);
+            Ok(())
+        }
+        Command::Uuid(cmd) => uuid(cmd),
     }
+}
+
+fn uuid(cmd: UuidCommand) -> anyhow::Result<()> {
+    use laconic::locality::{self, Generator, Mode};
+    let mode = |sequential| {
+        if sequential {
+            Mode::Sequential
+        } else {
+            Mode::Default
+        }
+    };
+    match cmd {
+        UuidCommand::Gen {
+            sequential,
+            n,
+            node_id,
+        } => {
+            let g = match node_id {
+                Some(id) => Generator::with_node_id(mode(sequential), id),
+                None => Generator::new(mode(sequential)),
+            };
+            let mut out = std::io::stdout().lock();
+            for _ in 0..n {
+                writeln!(out, "{}", locality::format(&g.next()))?;
+            }
+        }
+        UuidCommand::Decode { uuid, sequential } => {
+            let bytes = locality::parse(&uuid).context("expected 32 hex digits, as 8-4-4-4-12")?;
+            let text = locality::describe(&bytes, mode(sequential))
+                .context("not a Locality UUID: the version nibble is not b")?;
+            println!("{text}");
+            if let Some(oid) = locality::to_object_id(&bytes) {
+                let hex: String = oid.iter().map(|b| format!("{b:02x}")).collect();
+                println!("derived from ObjectId {hex}");
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

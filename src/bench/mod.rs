@@ -1,4 +1,4 @@
-//! `laconic bench`: one workload, three ways, in one run.
+//! `laconic bench proxy`: one workload, three ways, in one run.
 //!
 //! The same driver workload runs directly against the upstream, through
 //! Laconic, and through a plain TCP relay (haproxy in TCP mode, when it is
