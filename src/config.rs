@@ -45,6 +45,63 @@ pub struct ProxyConfig {
     pub upstream_compressors: Vec<String>,
     /// Record every session's frames into this directory.
     pub capture_dir: Option<PathBuf>,
+    /// Collections whose shard key is rewritten with Locality UUIDs.
+    pub shard_keys: Vec<ShardKeyConfig>,
+}
+
+/// One `[[proxy.shard_keys]]` entry.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShardKeyConfig {
+    /// `db.collection`.
+    pub namespace: String,
+    /// The field holding driver-generated ObjectIds.
+    #[serde(default = "default_shard_field")]
+    pub field: String,
+    /// `replace` or `derive`.
+    pub strategy: String,
+    /// `default` (spread writes) or `sequential` (cluster them in 10-minute windows).
+    #[serde(default)]
+    pub mode: String,
+    /// For `derive`: the added field (default `_lk`).
+    pub derived_field: Option<String>,
+}
+
+fn default_shard_field() -> String {
+    "_id".into()
+}
+
+impl ShardKeyConfig {
+    pub fn to_rule(&self) -> Result<crate::rewrite::shard_key::Rule, String> {
+        let mode = match self.mode.as_str() {
+            "" | "default" => crate::locality::Mode::Default,
+            "sequential" => crate::locality::Mode::Sequential,
+            other => {
+                return Err(format!(
+                    "unknown mode {other:?}: expected default or sequential"
+                ))
+            }
+        };
+        crate::rewrite::shard_key::Rule::new(
+            &self.namespace,
+            &self.field,
+            &self.strategy,
+            mode,
+            self.derived_field.as_deref(),
+        )
+    }
+
+    /// Parses the `--shard-key DB.COLL:FIELD:STRATEGY[:sequential]` flag.
+    pub fn parse_flag(spec: &str) -> Result<ShardKeyConfig, String> {
+        let rule = crate::rewrite::shard_key::Rule::parse(spec)?;
+        Ok(ShardKeyConfig {
+            namespace: rule.namespace,
+            field: rule.field,
+            strategy: spec.split(':').nth(2).unwrap_or_default().to_owned(),
+            mode: spec.split(':').nth(3).unwrap_or("default").to_owned(),
+            derived_field: None,
+        })
+    }
 }
 
 /// Logging.
@@ -81,6 +138,7 @@ impl Default for ProxyConfig {
                 .collect(),
             upstream_compressors: Vec::new(),
             capture_dir: None,
+            shard_keys: Vec::new(),
         }
     }
 }
@@ -177,6 +235,10 @@ impl Config {
                 }
             }
         }
+        for rule in &p.shard_keys {
+            rule.to_rule()
+                .map_err(|e| invalid("proxy.shard_keys", rule.namespace.clone(), &e))?;
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid("log.level", self.log.level.clone(), &e.to_string()));
         }
@@ -206,6 +268,13 @@ impl ProxyConfig {
     }
     pub fn upstream_compressors(&self) -> Vec<Compressor> {
         Self::compressors(&self.upstream_compressors)
+    }
+    /// The shard-key rules (validated by [`Config::validate`]; invalid ones are dropped).
+    pub fn shard_key_rules(&self) -> Vec<crate::rewrite::shard_key::Rule> {
+        self.shard_keys
+            .iter()
+            .filter_map(|r| r.to_rule().ok())
+            .collect()
     }
 }
 

@@ -90,6 +90,10 @@ struct ServeArgs {
     /// Compressors offered to the upstream, comma-separated (snappy, zlib, zstd).
     #[arg(long, value_delimiter = ',', env = "LACONIC_UPSTREAM_COMPRESSORS")]
     upstream_compressors: Option<Vec<String>>,
+    /// Rewrite a collection's shard key with Locality UUIDs:
+    /// DB.COLL:FIELD:STRATEGY[:sequential], STRATEGY being replace or derive (repeatable).
+    #[arg(long = "shard-key", value_name = "SPEC", value_parser = laconic::config::ShardKeyConfig::parse_flag)]
+    shard_keys: Vec<laconic::config::ShardKeyConfig>,
     /// Log format.
     #[arg(long, value_enum, env = "LACONIC_LOG_FORMAT")]
     log_format: Option<LogFormat>,
@@ -191,6 +195,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(v) = args.upstream_compressors {
         p.upstream_compressors = v.into_iter().filter(|s| !s.is_empty()).collect();
     }
+    p.shard_keys.extend(args.shard_keys);
     if let Some(v) = args.log_format {
         config.log.format = v;
     }

@@ -38,6 +38,7 @@ impl ProxyContext {
             rewrite: rewrite::Settings {
                 client_compressors: config.client_compressors(),
                 upstream_compressors: config.upstream_compressors(),
+                shard_keys: rewrite::shard_key::ShardKeys::new(config.shard_key_rules()),
             },
             upstream,
             capture,

@@ -305,6 +305,7 @@ mod tests {
         let settings = Settings {
             client_compressors: vec![Compressor::Zstd, Compressor::Snappy],
             upstream_compressors: vec![],
+            ..Settings::default()
         };
         let req =
             frame(doc! {"hello": 1, "compression": ["snappy", "zlib", "zstd"], "$db": "admin"});
@@ -343,6 +344,7 @@ mod tests {
         let settings = Settings {
             client_compressors: vec![],
             upstream_compressors: vec![Compressor::Zstd, Compressor::Zlib],
+            ..Settings::default()
         };
         let req = frame(doc! {"isMaster": 1, "compression": ["zstd"]});
         let rw = request(&req, &settings, &LegState::default()).unwrap();
@@ -372,6 +374,7 @@ mod tests {
         let settings = Settings {
             client_compressors: vec![Compressor::Zstd],
             upstream_compressors: vec![Compressor::Snappy],
+            ..Settings::default()
         };
         let req = frame(doc! {"hello": 1, "$db": "admin"});
         let rw = request(&req, &settings, &LegState::default()).unwrap();
@@ -418,6 +421,7 @@ mod tests {
         let settings = Settings {
             client_compressors: vec![Compressor::Zlib],
             upstream_compressors: vec![],
+            ..Settings::default()
         };
         let rw = request(&req, &settings, &LegState::default()).unwrap();
         let Message::Query(out) = rw.frame.unwrap().into_message() else {

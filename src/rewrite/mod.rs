@@ -5,10 +5,16 @@
 //! together with a [`ReplyPlan`] saying what the replies to it need. [`reply`]
 //! applies that plan to each reply. Neither does any I/O.
 
+mod command;
 mod hello;
+pub mod shard_key;
+
+use bson::RawBsonRef;
 
 use crate::error::ProxyError;
-use crate::wire::{Compressor, Frame, Message};
+use crate::wire::{Compressor, Frame, Message, OpMsg};
+pub use command::Command;
+use shard_key::{ReplyNeeds, ShardKeys};
 
 pub use hello::{is_hello, MAX_WIRE_VERSION};
 
@@ -19,6 +25,8 @@ pub struct Settings {
     pub client_compressors: Vec<Compressor>,
     /// Compressors the proxy offers to the upstream.
     pub upstream_compressors: Vec<Compressor>,
+    /// Shard-key rewriting rules.
+    pub shard_keys: ShardKeys,
 }
 
 /// How the replies to a request are to be rewritten.
@@ -29,6 +37,8 @@ pub enum ReplyPlan {
     /// A `hello`/`isMaster` reply: present the proxy as a mongos and settle
     /// compression on both legs.
     Hello(hello::HelloPlan),
+    /// Restore shard-key values and hide derived fields.
+    ShardKey(ReplyNeeds),
 }
 
 /// Per-session state that replies settle and later requests use.
@@ -64,8 +74,11 @@ pub fn request(
             )),
         };
     }
-    match name {
-        Some(n) if hello::is_hello(n) => hello::request(frame, settings, legs),
+    match (name, frame.message()) {
+        (Some(n), _) if hello::is_hello(n) => hello::request(frame, settings, legs),
+        (Some(_), Message::Msg(m)) if !settings.shard_keys.is_empty() => {
+            shard_key_request(m, frame, settings)
+        }
         _ => Ok(Rewritten {
             frame: None,
             plan: ReplyPlan::Forward,
@@ -73,10 +86,58 @@ pub fn request(
     }
 }
 
+fn shard_key_request(
+    m: &OpMsg,
+    frame: &Frame,
+    settings: &Settings,
+) -> Result<Rewritten, ProxyError> {
+    let keys = &settings.shard_keys;
+    let restore_only = ReplyPlan::ShardKey(ReplyNeeds {
+        restore: keys.restores(),
+        hide: None,
+    });
+    let body = m.body();
+    let (name, collection) = match body.iter().next() {
+        Some(Ok((n, RawBsonRef::String(c)))) => (n, Some(c)),
+        Some(Ok((n, _))) => (n, None),
+        _ => ("", None),
+    };
+    let db = body.get_str("$db").ok();
+    if !keys.concerns(name, collection, db) {
+        return Ok(Rewritten {
+            frame: None,
+            plan: restore_only,
+        });
+    }
+    let mut cmd = Command::from_msg(m)?;
+    let needs = keys.request(&mut cmd)?;
+    let msg = cmd.into_msg(m)?;
+    Ok(Rewritten {
+        frame: Some(frame.clone().with_message(Message::Msg(msg))),
+        plan: ReplyPlan::ShardKey(needs),
+    })
+}
+
 /// Rewrites one decompressed reply according to its request's plan.
 pub fn reply(frame: Frame, plan: &ReplyPlan, legs: &mut LegState) -> Result<Frame, ProxyError> {
     match plan {
         ReplyPlan::Forward => Ok(frame),
         ReplyPlan::Hello(h) => hello::reply(frame, h, legs),
+        ReplyPlan::ShardKey(needs) => {
+            let Message::Msg(m) = frame.message() else {
+                return Ok(frame);
+            };
+            let scan = needs.restore && shard_key::may_hold_stored_values(m.body().as_bytes());
+            if !scan && needs.hide.is_none() {
+                return Ok(frame);
+            }
+            let mut body = command::to_document(m.body())?;
+            if !shard_key::reply(needs, &mut body) {
+                return Ok(frame);
+            }
+            let mut m = m.clone();
+            m.set_body(command::to_raw(&body)?);
+            Ok(frame.with_message(Message::Msg(m)))
+        }
     }
 }

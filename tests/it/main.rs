@@ -9,4 +9,5 @@ mod errors;
 mod handshake;
 mod passthrough;
 mod pymongo;
+mod shard_key;
 mod shutdown;

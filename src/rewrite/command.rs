@@ -1,0 +1,143 @@
+//! A request's command as one document: kind-1 document sequences are merged
+//! into the body under their identifiers for rewriting, and split out again
+//! afterwards, so a rewriter never cares how a driver chose to send them.
+
+use bson::{Bson, Document, RawDocument, RawDocumentBuf};
+use bytes::Bytes;
+
+use crate::error::ProxyError;
+use crate::wire::{DocumentSequence, OpMsg, Section};
+
+/// A command with its sequences merged in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Command {
+    pub body: Document,
+    /// The identifiers that arrived as document sequences, in wire order.
+    sequences: Vec<String>,
+}
+
+impl Command {
+    pub fn from_msg(m: &OpMsg) -> Result<Command, ProxyError> {
+        let mut body = to_document(m.body())?;
+        let mut sequences = Vec::new();
+        for seq in m.sequences() {
+            let docs = seq
+                .documents
+                .iter()
+                .map(|d| {
+                    RawDocument::from_bytes(d)
+                        .map_err(|e| invalid(&e.to_string()))
+                        .and_then(to_document)
+                        .map(Bson::Document)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            body.insert(seq.identifier.clone(), docs);
+            sequences.push(seq.identifier.clone());
+        }
+        Ok(Command { body, sequences })
+    }
+
+    /// The command name: the body's first key.
+    pub fn name(&self) -> &str {
+        self.body.keys().next().map_or("", String::as_str)
+    }
+
+    /// The target collection, for commands whose first value names one.
+    pub fn collection(&self) -> Option<&str> {
+        self.body.values().next().and_then(Bson::as_str)
+    }
+
+    pub fn db(&self) -> Option<&str> {
+        self.body.get_str("$db").ok()
+    }
+
+    /// Rebuilds the message: the merged identifiers go back out as
+    /// sequences; flags are kept (a checksum is recomputed when encoded).
+    pub fn into_msg(mut self, original: &OpMsg) -> Result<OpMsg, ProxyError> {
+        let mut split = Vec::new();
+        for id in &self.sequences {
+            let docs = match self.body.remove(id) {
+                Some(Bson::Array(a)) => a,
+                _ => Vec::new(),
+            };
+            let documents = docs
+                .into_iter()
+                .map(|d| match d {
+                    Bson::Document(d) => to_raw(&d).map(|r| Bytes::from(r.into_bytes())),
+                    _ => Err(invalid("a document sequence holds a non-document")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            split.push(DocumentSequence {
+                identifier: id.clone(),
+                documents,
+            });
+        }
+        let body = Bytes::from(to_raw(&self.body)?.into_bytes());
+        let mut split = split.into_iter();
+        let sections = original
+            .sections
+            .iter()
+            .map(|s| match s {
+                Section::Body(_) => Section::Body(body.clone()),
+                Section::Sequence(_) => {
+                    Section::Sequence(split.next().unwrap_or(DocumentSequence {
+                        identifier: String::new(),
+                        documents: Vec::new(),
+                    }))
+                }
+            })
+            .collect();
+        Ok(OpMsg {
+            flags: original.flags,
+            sections,
+            checksum: None,
+        })
+    }
+}
+
+pub fn to_document(raw: &RawDocument) -> Result<Document, ProxyError> {
+    Document::try_from(raw).map_err(|e| invalid(&e.to_string()))
+}
+
+pub fn to_raw(doc: &Document) -> Result<RawDocumentBuf, ProxyError> {
+    RawDocumentBuf::from_document(doc).map_err(|e| invalid(&e.to_string()))
+}
+
+fn invalid(why: &str) -> ProxyError {
+    ProxyError::Unsupported(format!("invalid BSON in the command: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+
+    use super::*;
+    use crate::wire::MsgFlags;
+
+    #[test]
+    fn sequences_merge_and_split_back_unchanged() {
+        let raw =
+            |d: Document| Bytes::from(RawDocumentBuf::from_document(&d).unwrap().into_bytes());
+        let m = OpMsg {
+            flags: MsgFlags(0),
+            sections: vec![
+                Section::Body(raw(doc! {"insert": "c", "$db": "d"})),
+                Section::Sequence(DocumentSequence {
+                    identifier: "documents".into(),
+                    documents: vec![raw(doc! {"_id": 1}), raw(doc! {"_id": 2})],
+                }),
+            ],
+            checksum: None,
+        };
+        let c = Command::from_msg(&m).unwrap();
+        assert_eq!(
+            c.body,
+            doc! {"insert": "c", "$db": "d", "documents": [{"_id": 1}, {"_id": 2}]}
+        );
+        assert_eq!(
+            (c.name(), c.collection(), c.db()),
+            ("insert", Some("c"), Some("d"))
+        );
+        assert_eq!(c.into_msg(&m).unwrap(), m);
+    }
+}
