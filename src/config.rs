@@ -308,4 +308,25 @@ mod tests {
             "unknown keys are rejected"
         );
     }
+
+    #[test]
+    fn shard_key_rules_from_the_file() {
+        let c = Config::parse(
+            "[[proxy.shard_keys]]\nnamespace = \"app.users\"\nstrategy = \"derive\"\nmode = \"sequential\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let rule = &c.proxy.shard_key_rules()[0];
+        assert_eq!(
+            (rule.field.as_str(), rule.mode),
+            ("_id", crate::locality::Mode::Sequential)
+        );
+        let mut bad = c.clone();
+        bad.proxy.shard_keys[0].strategy = "shuffle".into();
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("proxy.shard_keys"));
+    }
 }
