@@ -15,9 +15,7 @@ if [ "${1:-}" = "--rust-upstream" ]; then rust=true; shift; fi
 bash scripts/setup.sh --with-relay
 cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
 
-work=$(mktemp -d)
-cleanup() { kill $(jobs -p) "${UP_PID:-}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+source scripts/lib.sh
 
 if $rust; then
   if [ ! -x .upstream/rs/bin/secantusd-rs ]; then
@@ -30,9 +28,8 @@ if $rust; then
   port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$work/up.out" | head -1)
   echo "upstream: secantusd-rs on 127.0.0.1:$port" >&2
 else
-  coproc UP { exec .upstream/venv/bin/python scripts/upstream.py; }
-  read -r _ port <&"${UP[0]}"
-  UP_PID=$!
+  start_upstream
+  port=$UPSTREAM_PORT
   echo "upstream: secantusd-py on 127.0.0.1:$port" >&2
 fi
 ./target/release/laconic bench proxy --upstream "mongodb://127.0.0.1:$port/" "$@"

@@ -8,20 +8,11 @@ bash scripts/setup.sh
 echo "building laconic (release)…" >&2
 cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
 
-work=$(mktemp -d)
-cleanup() { kill $(jobs -p) "${UP_PID:-}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+source scripts/lib.sh
+start_upstream
+echo "upstream: SecantusDB on 127.0.0.1:$UPSTREAM_PORT" >&2
+start_proxy ./target/release/laconic --upstream "mongodb://127.0.0.1:$UPSTREAM_PORT/" --log-level warn
+echo "laconic:  $PROXY_ADDR → 127.0.0.1:$UPSTREAM_PORT" >&2
 
-coproc UP { exec .upstream/venv/bin/python scripts/upstream.py; }
-read -r _ port <&"${UP[0]}"
-UP_PID=$!
-echo "upstream: SecantusDB on 127.0.0.1:$port" >&2
-
-./target/release/laconic serve --listen 127.0.0.1:0 --upstream "mongodb://127.0.0.1:$port/" \
-  --log-level warn > "$work/proxy.out" &
-until grep -q "listening on" "$work/proxy.out"; do sleep 0.1; done
-proxy=$(sed -n 's/^listening on //p' "$work/proxy.out")
-echo "laconic:  $proxy → 127.0.0.1:$port" >&2
-
-.upstream/venv/bin/python scripts/demo_workload.py "mongodb://$proxy/?retryWrites=false" \
-  "mongodb://127.0.0.1:$port/?directConnection=true"
+.upstream/venv/bin/python scripts/demo_workload.py "mongodb://$PROXY_ADDR/?retryWrites=false" \
+  "mongodb://127.0.0.1:$UPSTREAM_PORT/?directConnection=true"

@@ -8,17 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo build -q --bin laconic
-work=$(mktemp -d)
-cleanup() { kill $(jobs -p) "${UP_PID:-}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-
-coproc UP { exec .upstream/venv/bin/python scripts/upstream.py; }
-read -r _ port <&"${UP[0]}"
-UP_PID=$!
-./target/debug/laconic serve --listen 127.0.0.1:0 --upstream "mongodb://127.0.0.1:$port/" \
-  --capture "$work/cap" --log-level warn > "$work/proxy.out" &
-until grep -q "listening on" "$work/proxy.out"; do sleep 0.1; done
-proxy=$(sed -n 's/^listening on //p' "$work/proxy.out")
+source scripts/lib.sh
+start_upstream
+start_proxy ./target/debug/laconic --upstream "mongodb://127.0.0.1:$UPSTREAM_PORT/" \
+  --capture "$work/cap" --log-level warn
+proxy=$PROXY_ADDR
 
 keep() { # keep the capture whose session ran a find, as proto/$1.lcap
   for f in "$work"/cap/*.lcap; do

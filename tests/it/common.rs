@@ -248,3 +248,15 @@ pub async fn tap(target: String) -> Tap {
     });
     Tap { addr, opcodes }
 }
+
+/// Every document matching `filter`, in `_id` order.
+pub async fn by_id(c: &mongodb::Collection<Document>, filter: Document) -> Vec<Document> {
+    use futures::TryStreamExt;
+    c.find(filter)
+        .sort(doc! {"_id": 1})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}

@@ -164,14 +164,7 @@ async fn drivers_may_compress_their_leg_with_each_compressor() {
             .map(|i| doc! {"_id": i, "text": "compressible ".repeat(20)})
             .collect();
         c.insert_many(docs.clone()).await.unwrap();
-        let read: Vec<Document> = c
-            .find(doc! {})
-            .sort(doc! {"_id": 1})
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
+        let read: Vec<Document> = common::by_id(&c, doc! {}).await;
         assert_eq!(read, docs, "{name}");
     }
 }
@@ -265,14 +258,7 @@ async fn the_upstream_leg_is_compressed_only_when_the_upstream_accepts_it() {
         .map(|i| doc! {"_id": i, "s": "abc".repeat(30)})
         .collect();
     c.insert_many(docs.clone()).await.unwrap();
-    let read: Vec<Document> = c
-        .find(doc! {})
-        .sort(doc! {"_id": 1})
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let read: Vec<Document> = common::by_id(&c, doc! {}).await;
     assert_eq!(read, docs);
 
     let opcodes = tap.opcodes.lock().unwrap().clone();

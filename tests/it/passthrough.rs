@@ -117,14 +117,7 @@ async fn crud_script(client: &Client, db: &str) -> Vec<(String, Bson)> {
         other => panic!("{other:?}"),
     };
     log("duplicate key code", Bson::Int32(code));
-    let all: Vec<Document> = c
-        .find(doc! {})
-        .sort(doc! {"_id": 1})
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let all: Vec<Document> = common::by_id(&c, doc! {}).await;
     log(
         "final",
         Bson::Array(all.into_iter().map(Bson::Document).collect()),
@@ -267,14 +260,7 @@ async fn transactions_commit_and_abort_through_the_proxy() {
     c.insert_one(doc! {"_id": 2}).session(&mut s).await.unwrap();
     s.abort_transaction().await.unwrap();
 
-    let docs: Vec<Document> = c
-        .find(doc! {})
-        .sort(doc! {"_id": 1})
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let docs: Vec<Document> = common::by_id(&c, doc! {}).await;
     assert_eq!(docs, vec![doc! {"_id": 0, "t": 1}, doc! {"_id": 1}]);
 }
 
