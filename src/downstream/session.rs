@@ -146,8 +146,15 @@ impl Session {
         }
 
         // ④ rewrite request
+        let more_to_come = request.frame.more_to_come();
         let rewritten = match rewrite::request(&request.frame, &self.ctx.rewrite, &self.legs) {
             Ok(r) => r,
+            Err(e) if more_to_come => {
+                // The driver expects no reply to this request: the refusal can
+                // only be logged, and the request is not forwarded.
+                warn!(session = self.id, command = %request.command, error = %e, "unacknowledged request refused");
+                return if e.ends_session() { Err(e) } else { Ok(()) };
+            }
             Err(e) => {
                 self.reply_error(&request, &e).await?;
                 return if e.ends_session() { Err(e) } else { Ok(()) };
@@ -156,7 +163,6 @@ impl Session {
         let outbound = rewritten.frame.unwrap_or_else(|| request.frame.clone());
 
         // ⑤ forward
-        let more_to_come = request.frame.more_to_come();
         if let Err(e) = self.forward(outbound, &request.command).await {
             if !more_to_come {
                 self.reply_error(&request, &e).await?;

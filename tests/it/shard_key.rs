@@ -321,3 +321,29 @@ async fn bulk_write_ops_follow_their_namespace_rule() {
         Some(doc! {"_id": a})
     );
 }
+
+#[tokio::test]
+async fn a_refused_unacknowledged_write_gets_no_reply_and_the_connection_goes_on() {
+    use laconic::wire::MsgFlags;
+
+    use crate::common::{body, op_msg, raw_session, read_frame, write_frame};
+
+    let db = db_name("sk", "w0");
+    let proxy = proxy_with(&format!("{db}.c:_id:replace")).await;
+    let mut s = raw_session(&proxy).await;
+    // A w:0 delete with a range on the rewritten key cannot be forwarded, and
+    // must not be answered either.
+    let refused = op_msg(
+        20,
+        MsgFlags::MORE_TO_COME,
+        doc! {"delete": "c", "deletes": [{"q": {"_id": {"$gt": ObjectId::new()}}, "limit": 0}], "writeConcern": {"w": 0}, "$db": &db},
+    );
+    write_frame(&mut s, &refused).await;
+    write_frame(&mut s, &op_msg(21, 0, doc! {"ping": 1, "$db": "admin"})).await;
+    let reply = read_frame(&mut s).await.unwrap();
+    assert_eq!(
+        reply.header.response_to, 21,
+        "the next reply answers the ping"
+    );
+    assert_eq!(body(&reply).get_f64("ok").unwrap(), 1.0);
+}
