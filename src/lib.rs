@@ -27,5 +27,6 @@ pub mod error;
 pub mod locality;
 pub mod rewrite;
 pub mod shutdown;
+pub mod token;
 pub mod upstream;
 pub mod wire;

@@ -7,6 +7,7 @@ mod common;
 mod capture;
 mod errors;
 mod handshake;
+mod name_store;
 mod passthrough;
 mod pymongo;
 mod shard_key;
