@@ -6,8 +6,10 @@
 //! applies that plan to each reply. Neither does any I/O.
 
 mod command;
+pub mod expand;
 mod hello;
 pub mod shard_key;
+pub mod tokenize;
 
 use bson::RawBsonRef;
 

@@ -2,6 +2,8 @@
 //! token numbers in the upstream.
 
 pub mod namespace;
+pub mod policy;
 pub mod store;
 
-pub use store::{NameStore, RoundTrips, StoreError};
+pub use policy::Policy;
+pub use store::{NameStore, Names, RoundTrips, ScopeNames, StoreError};

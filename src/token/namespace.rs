@@ -18,8 +18,8 @@
 //! contain no `.`, never start with `$`, are never purely numeric (their
 //! first byte is a control character), and are valid UTF-8.
 //!
-//! User keys beginning with a control character, the only ones that collide,
-//! gain one byte (`0x1F`) when stored.
+//! User keys beginning with a control character (or holding a dot followed by
+//! one), the only ones that collide, gain one byte (`0x1F`) when stored.
 
 use std::borrow::Cow;
 
@@ -133,9 +133,10 @@ pub fn is_reserved(key: &str) -> bool {
 }
 
 /// The stored form of a user key that is kept as it is (not tokenized):
-/// escaped if it would otherwise read as a token.
+/// escaped if it, or any dot-separated part of it, would otherwise read as a
+/// token (keys holding dotted paths are expanded part by part).
 pub fn escape(key: &str) -> Cow<'_, str> {
-    if is_reserved(key) {
+    if is_reserved(key) || (key.contains('.') && key.split('.').any(is_reserved)) {
         let mut s = String::with_capacity(key.len() + 1);
         s.push(ESCAPE as char);
         s.push_str(key);
@@ -185,6 +186,11 @@ mod tests {
         assert_eq!(stored, "\u{1f}\u{1}odd");
         assert_eq!(decode(&stored), Some(Stored::User(odd)));
         assert_eq!(decode(&escape("\u{1f}")), Some(Stored::User("\u{1f}")));
+        assert_eq!(
+            escape("a.\u{2}b"),
+            "\u{1f}a.\u{2}b",
+            "a part that reads as a token"
+        );
     }
 
     proptest! {

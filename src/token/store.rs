@@ -272,3 +272,24 @@ fn parse(d: &Document) -> Result<(i64, u32, Vec<String>), StoreError> {
         .collect::<Result<_, _>>()?;
     Ok((seq, least, list))
 }
+
+/// Token lookups for one scope, from the cache only: what the pure rewriters use.
+pub trait Names {
+    fn token(&self, name: &str) -> Option<u32>;
+    fn name(&self, token: u32) -> Option<Arc<str>>;
+}
+
+/// A scope of a [`NameStore`], seen through its cache.
+pub struct ScopeNames<'a> {
+    pub store: &'a NameStore,
+    pub scope: &'a str,
+}
+
+impl Names for ScopeNames<'_> {
+    fn token(&self, name: &str) -> Option<u32> {
+        self.store.cached_token(self.scope, name)
+    }
+    fn name(&self, token: u32) -> Option<Arc<str>> {
+        self.store.cached_name(self.scope, token)
+    }
+}

@@ -1,0 +1,215 @@
+//! ④ Logical names → tokens, for documents, paths, filters, projections and
+//! sorts. Pure: tokens come from a [`Names`] lookup that never allocates;
+//! [`collect_names`] says which names a write needs allocated first.
+//!
+//! A name with no token yet stays as it is (escaped if it would read as a
+//! token): no stored document can hold its token, so a query naming it
+//! behaves as it would directly, and reading never allocates.
+
+use std::borrow::Cow;
+
+use bson::{Bson, Document};
+
+use crate::token::namespace::{encode, escape};
+use crate::token::{Names, Policy};
+
+/// Names in a document that `policy` tokenizes, for allocation before a write.
+pub fn collect_names(doc: &Document, policy: &Policy, out: &mut Vec<String>) {
+    let mut path = Vec::new();
+    collect_in(doc, policy, &mut path, out);
+}
+
+fn collect_in<'a>(
+    doc: &'a Document,
+    policy: &Policy,
+    path: &mut Vec<&'a str>,
+    out: &mut Vec<String>,
+) {
+    for (k, v) in doc {
+        if policy.tokenizes(path, k) && !out.iter().any(|n| n == k) {
+            out.push(k.clone());
+        }
+        path.push(k);
+        collect_value(v, policy, path, out);
+        path.pop();
+    }
+}
+
+fn collect_value<'a>(v: &'a Bson, policy: &Policy, path: &mut Vec<&'a str>, out: &mut Vec<String>) {
+    match v {
+        Bson::Document(d) => collect_in(d, policy, path, out),
+        Bson::Array(a) => a.iter().for_each(|x| collect_value(x, policy, path, out)),
+        _ => {}
+    }
+}
+
+/// The stored form of one key found under the logical path `parent`.
+pub fn key<'k>(parent: &[&str], k: &'k str, policy: &Policy, names: &dyn Names) -> Cow<'k, str> {
+    if policy.tokenizes(parent, k) {
+        if let Some(t) = names.token(k) {
+            return Cow::Owned(encode(t));
+        }
+    }
+    escape(k)
+}
+
+/// A document as it is stored: keys tokenized in their scope, order kept.
+pub fn document(
+    doc: &Document,
+    parent: &mut Vec<String>,
+    policy: &Policy,
+    names: &dyn Names,
+) -> Document {
+    let mut out = Document::new();
+    for (k, v) in doc {
+        let stored = {
+            let p: Vec<&str> = parent.iter().map(String::as_str).collect();
+            key(&p, k, policy, names).into_owned()
+        };
+        parent.push(k.clone());
+        out.insert(stored, value(v, parent, policy, names));
+        parent.pop();
+    }
+    out
+}
+
+fn value(v: &Bson, parent: &mut Vec<String>, policy: &Policy, names: &dyn Names) -> Bson {
+    match v {
+        Bson::Document(d) => Bson::Document(document(d, parent, policy, names)),
+        Bson::Array(a) => Bson::Array(a.iter().map(|x| value(x, parent, policy, names)).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Whether a path component is positional or an index: kept as it is.
+fn is_positional(c: &str) -> bool {
+    c == "$"
+        || c == "$[]"
+        || (c.starts_with("$[") && c.ends_with(']'))
+        || c == "$**"
+        || (!c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A dotted path, tokenized one component at a time in its parent's scope.
+/// `parent` is the logical path the path is relative to.
+pub fn path(p: &str, parent: &[String], policy: &Policy, names: &dyn Names) -> String {
+    let mut scope: Vec<&str> = parent.iter().map(String::as_str).collect();
+    let mut out = Vec::new();
+    for c in p.split('.') {
+        if is_positional(c) {
+            out.push(Cow::Borrowed(c));
+            continue;
+        }
+        out.push(key(&scope, c, policy, names));
+        scope.push(c);
+    }
+    out.join(".")
+}
+
+fn logical(parent: &[String], p: &str) -> Vec<String> {
+    let mut v = parent.to_vec();
+    v.extend(
+        p.split('.')
+            .filter(|c| !is_positional(c))
+            .map(str::to_owned),
+    );
+    v
+}
+
+/// A query filter relative to `parent`.
+pub fn filter(f: &Document, parent: &[String], policy: &Policy, names: &dyn Names) -> Document {
+    let mut out = Document::new();
+    for (k, v) in f {
+        match k.as_str() {
+            "$and" | "$or" | "$nor" => {
+                let subs = match v {
+                    Bson::Array(a) => a
+                        .iter()
+                        .map(|s| match s {
+                            Bson::Document(d) => Bson::Document(filter(d, parent, policy, names)),
+                            other => other.clone(),
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                out.insert(k.clone(), subs);
+            }
+            k if k.starts_with('$') => {
+                // $expr, $text, $comment, … ($where is refused before this).
+                out.insert(k.to_owned(), v.clone());
+            }
+            p => {
+                let scope = logical(parent, p);
+                out.insert(
+                    path(p, parent, policy, names),
+                    condition(v, &scope, policy, names),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The value under a path in a filter: an operator document or a literal.
+fn condition(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bson {
+    match v {
+        Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
+            let mut out = Document::new();
+            for (op, operand) in d {
+                let rewritten = match op.as_str() {
+                    "$elemMatch" => match operand {
+                        Bson::Document(e)
+                            if e.keys().next().is_some_and(|k| k.starts_with('$')) =>
+                        {
+                            condition(operand, scope, policy, names)
+                        }
+                        Bson::Document(e) => Bson::Document(filter(e, scope, policy, names)),
+                        other => other.clone(),
+                    },
+                    "$not" => condition(operand, scope, policy, names),
+                    "$eq" | "$ne" | "$gt" | "$gte" | "$lt" | "$lte" | "$in" | "$nin" | "$all" => {
+                        literal(operand, scope, policy, names)
+                    }
+                    _ => operand.clone(),
+                };
+                out.insert(op.clone(), rewritten);
+            }
+            Bson::Document(out)
+        }
+        other => literal(other, scope, policy, names),
+    }
+}
+
+/// A literal value compared with stored data: documents inside are stored-form.
+fn literal(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bson {
+    let mut parent = scope.to_vec();
+    value(v, &mut parent, policy, names)
+}
+
+/// A projection or sort: keys are paths; projection operators keep their values.
+pub fn paths_document(p: &Document, policy: &Policy, names: &dyn Names) -> Document {
+    let mut out = Document::new();
+    for (k, v) in p {
+        if k.starts_with('$') {
+            out.insert(k.clone(), v.clone());
+            continue;
+        }
+        let scope = logical(&[], k);
+        let v = match v {
+            Bson::Document(d) => match d.get("$elemMatch") {
+                Some(Bson::Document(e)) => {
+                    let mut m = Document::new();
+                    m.insert("$elemMatch", filter(e, &scope, policy, names));
+                    Bson::Document(m)
+                }
+                _ => v.clone(),
+            },
+            other => other.clone(),
+        };
+        out.insert(path(k, &[], policy, names), v);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,157 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bson::{doc, Bson, Document};
+use proptest::prelude::*;
+
+use super::*;
+use crate::rewrite::expand;
+use crate::token::Policy;
+
+/// An in-memory dictionary standing in for the store's cache.
+#[derive(Default)]
+struct Dict {
+    names: Vec<Arc<str>>,
+    tokens: HashMap<String, u32>,
+}
+
+impl Dict {
+    fn allocate(&mut self, names: &[String]) {
+        for n in names {
+            if !self.tokens.contains_key(n) {
+                self.tokens.insert(n.clone(), self.names.len() as u32);
+                self.names.push(Arc::from(n.as_str()));
+            }
+        }
+    }
+}
+
+impl Names for Dict {
+    fn token(&self, name: &str) -> Option<u32> {
+        self.tokens.get(name).copied()
+    }
+    fn name(&self, token: u32) -> Option<Arc<str>> {
+        self.names.get(token as usize).cloned()
+    }
+}
+
+fn policy() -> Policy {
+    Policy::new(6, &["custom".into()], "laconic")
+}
+
+fn store(doc: &Document, dict: &mut Dict) -> Document {
+    let mut names = Vec::new();
+    collect_names(doc, &policy(), &mut names);
+    dict.allocate(&names);
+    document(doc, &mut Vec::new(), &policy(), dict)
+}
+
+#[test]
+fn documents_shrink_and_expand_back_in_order() {
+    let mut dict = Dict::default();
+    let logical = doc! {
+        "_id": 1, "first_name": "Jon", "ln": "Hyman",
+        "custom": {"Favorite Player": "LeBron", "a.b$": 1, "x": [{"nested_field": 2}]},
+        "\u{1}odd": true,
+    };
+    let stored = store(&logical, &mut dict);
+    let keys: Vec<&String> = stored.keys().collect();
+    assert_eq!(keys[0], "_id");
+    assert_eq!(keys[2], "ln", "short names stay");
+    assert_eq!(keys[4], "\u{1f}\u{1}odd", "colliding user keys are escaped");
+    assert!(bson::to_vec(&stored).unwrap().len() < bson::to_vec(&logical).unwrap().len());
+    assert!(expand::needed(&stored));
+    assert_eq!(expand::document(&stored, &dict).unwrap(), logical);
+}
+
+#[test]
+fn filters_projections_and_sorts_use_existing_tokens_only() {
+    let mut dict = Dict::default();
+    store(
+        &doc! {"first_name": 1, "custom": {"Favorite Player": 1}, "sc": [{"points": 1}]},
+        &mut dict,
+    );
+    let t = |n: &str| crate::token::namespace::encode(dict.token(n).unwrap());
+    let f = filter(
+        &doc! {
+            "first_name": "Jon",
+            "custom.Favorite Player": {"$in": ["a", "b"]},
+            "$or": [{"never_seen_name": 1}, {"custom": {"Favorite Player": "x"}}],
+            "sc": {"$elemMatch": {"points": {"$gt": 1}}},
+            "sc.0.points": 3,
+        },
+        &[],
+        &policy(),
+        &dict,
+    );
+    assert_eq!(
+        f,
+        doc! {
+            t("first_name"): "Jon",
+            format!("{}.{}", t("custom"), t("Favorite Player")): {"$in": ["a", "b"]},
+            "$or": [{"never_seen_name": 1}, {t("custom"): {t("Favorite Player"): "x"}}],
+            "sc": {"$elemMatch": {t("points"): {"$gt": 1}}},
+            format!("sc.0.{}", t("points")): 3,
+        }
+    );
+    let p = paths_document(
+        &doc! {"first_name": 1, "custom.Favorite Player": 1, "_id": 0},
+        &policy(),
+        &dict,
+    );
+    assert_eq!(
+        p,
+        doc! {t("first_name"): 1, format!("{}.{}", t("custom"), t("Favorite Player")): 1, "_id": 0}
+    );
+    // Expanding a dotted key pattern goes component by component.
+    let pattern = doc! {format!("{}.{}", t("custom"), t("Favorite Player")): 1};
+    assert_eq!(
+        expand::document(&pattern, &dict).unwrap(),
+        doc! {"custom.Favorite Player": 1}
+    );
+}
+
+#[test]
+fn unknown_tokens_are_reported_for_a_refresh() {
+    let dict = Dict::default();
+    let stored = doc! {crate::token::namespace::encode(7): 1};
+    assert_eq!(
+        expand::document(&stored, &dict),
+        Err(expand::Unknown(vec![7]))
+    );
+}
+
+fn arb_key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z_]{1,12}",
+        "\\PC{1,10}",
+        "[\\x01-\\x1f][a-z.$]{0,4}",
+        "[a-z]{1,3}\\.[\\x01-\\x05]x",
+        "\\$?[a-z.]{1,6}"
+    ]
+}
+
+fn arb_doc() -> impl Strategy<Value = Document> {
+    let leaf = prop_oneof![
+        any::<i32>().prop_map(Bson::Int32),
+        "\\PC{0,6}".prop_map(Bson::String),
+        Just(Bson::Null)
+    ];
+    let value = leaf.prop_recursive(4, 32, 5, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Bson::Array),
+            prop::collection::vec((arb_key(), inner), 0..5)
+                .prop_map(|kv| Bson::Document(kv.into_iter().collect())),
+        ]
+    });
+    prop::collection::vec((arb_key(), value), 0..8).prop_map(|kv| kv.into_iter().collect())
+}
+
+proptest! {
+    #[test]
+    fn rewriting_then_expanding_gives_back_the_original(doc in arb_doc()) {
+        let mut dict = Dict::default();
+        let stored = store(&doc, &mut dict);
+        prop_assert_eq!(expand::document(&stored, &dict).unwrap(), doc);
+    }
+}
