@@ -21,6 +21,43 @@ pub struct Config {
     pub log: LogConfig,
 }
 
+/// Which names are stored as tokens, and where the name store lives.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TokenizeConfig {
+    /// Field names at least this many bytes long are tokenized (0: none by length).
+    pub min_len: usize,
+    /// Every key under these dotted paths is tokenized, whatever its length.
+    pub custom_paths: Vec<String>,
+    /// The database holding the name store (never tokenized itself).
+    pub store_db: String,
+    /// The name store's collection.
+    pub store_collection: String,
+    /// Names per name-store document before the next one is opened.
+    pub cap: usize,
+    /// How the proxy's own client reaches the store (default: the upstream URI).
+    pub store_uri: Option<String>,
+}
+
+impl Default for TokenizeConfig {
+    fn default() -> Self {
+        TokenizeConfig {
+            min_len: 0,
+            custom_paths: Vec::new(),
+            store_db: "laconic".into(),
+            store_collection: "name_store".into(),
+            cap: 1000,
+            store_uri: None,
+        }
+    }
+}
+
+impl TokenizeConfig {
+    pub fn policy(&self) -> crate::token::Policy {
+        crate::token::Policy::new(self.min_len, &self.custom_paths, &self.store_db)
+    }
+}
+
 /// Where to listen, where to forward, and the limits in between.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -47,6 +84,8 @@ pub struct ProxyConfig {
     pub capture_dir: Option<PathBuf>,
     /// Collections whose shard key is rewritten with Locality UUIDs.
     pub shard_keys: Vec<ShardKeyConfig>,
+    /// Name tokenization.
+    pub tokenize: TokenizeConfig,
 }
 
 /// One `[[proxy.shard_keys]]` entry.
@@ -139,6 +178,7 @@ impl Default for ProxyConfig {
             upstream_compressors: Vec::new(),
             capture_dir: None,
             shard_keys: Vec::new(),
+            tokenize: TokenizeConfig::default(),
         }
     }
 }
@@ -233,6 +273,30 @@ impl Config {
                         "expected snappy, zlib or zstd",
                     ));
                 }
+            }
+        }
+        let t = &p.tokenize;
+        if t.cap == 0 {
+            return Err(invalid(
+                "proxy.tokenize.cap",
+                "0".into(),
+                "must be at least 1",
+            ));
+        }
+        if t.store_db.is_empty() || t.store_db.contains('.') {
+            return Err(invalid(
+                "proxy.tokenize.store_db",
+                t.store_db.clone(),
+                "not a database name",
+            ));
+        }
+        for path in &t.custom_paths {
+            if path.is_empty() || path.split('.').any(|c| c.is_empty() || c.starts_with('$')) {
+                return Err(invalid(
+                    "proxy.tokenize.custom_paths",
+                    path.clone(),
+                    "not a dotted field path",
+                ));
             }
         }
         for rule in &p.shard_keys {

@@ -34,6 +34,12 @@ pub enum ProxyError {
     /// A legacy OP_QUERY other than the `isMaster` handshake.
     #[error("Unsupported OP_QUERY command: {0}. The client driver may require an upgrade.")]
     UnsupportedOpQuery(String),
+    /// The name store could not allocate or read tokens; the write is not forwarded.
+    #[error("the name store failed: {0}")]
+    NameStore(String),
+    /// A reply holds tokens the name store does not know, even after a reload.
+    #[error("the reply holds tokens unknown to the name store of {scope}: {tokens:?}")]
+    UnknownTokens { scope: String, tokens: Vec<u32> },
     /// A request the proxy cannot forward faithfully.
     #[error("{0}")]
     Unsupported(String),
@@ -48,6 +54,8 @@ impl ProxyError {
             ProxyError::DownstreamLost(_) => Side::Downstream,
             ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamLost(_) => Side::Upstream,
             ProxyError::UnsupportedOpQuery(_) | ProxyError::Unsupported(_) => Side::Downstream,
+            ProxyError::NameStore(_) => Side::Upstream,
+            ProxyError::UnknownTokens { .. } => Side::Internal,
             ProxyError::Internal(_) => Side::Internal,
         }
     }
@@ -62,6 +70,8 @@ impl ProxyError {
             ProxyError::UpstreamLost(_) => (6, "HostUnreachable"),
             ProxyError::UnsupportedOpQuery(_) => (352, "UnsupportedOpQueryCommand"),
             ProxyError::Unsupported(_) => (115, "CommandNotSupported"),
+            ProxyError::NameStore(_) => (6, "HostUnreachable"),
+            ProxyError::UnknownTokens { .. } => (1, "InternalError"),
             ProxyError::Internal(_) => (1, "InternalError"),
         }
     }
@@ -70,7 +80,10 @@ impl ProxyError {
     pub fn ends_session(&self) -> bool {
         !matches!(
             self,
-            ProxyError::UnsupportedOpQuery(_) | ProxyError::Unsupported(_)
+            ProxyError::UnsupportedOpQuery(_)
+                | ProxyError::Unsupported(_)
+                | ProxyError::NameStore(_)
+                | ProxyError::UnknownTokens { .. }
         )
     }
 }

@@ -94,6 +94,16 @@ struct ServeArgs {
     /// DB.COLL:FIELD:STRATEGY[:sequential], STRATEGY being replace or derive (repeatable).
     #[arg(long = "shard-key", value_name = "SPEC", value_parser = laconic::config::ShardKeyConfig::parse_flag)]
     shard_keys: Vec<laconic::config::ShardKeyConfig>,
+    /// Tokenize every field name at least N bytes long (0 turns it off), in
+    /// every database but admin, local, config and the name store's.
+    #[arg(long, value_name = "N", env = "LACONIC_TOKENIZE_MIN_LEN")]
+    tokenize_min_len: Option<usize>,
+    /// Tokenize every key under this dotted path, whatever its length (repeatable).
+    #[arg(long = "custom-path", value_name = "PATH")]
+    custom_paths: Vec<String>,
+    /// The database that holds the name store.
+    #[arg(long, value_name = "NAME", env = "LACONIC_STORE_DB")]
+    store_db: Option<String>,
     /// Log format.
     #[arg(long, value_enum, env = "LACONIC_LOG_FORMAT")]
     log_format: Option<LogFormat>,
@@ -196,6 +206,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         p.upstream_compressors = v.into_iter().filter(|s| !s.is_empty()).collect();
     }
     p.shard_keys.extend(args.shard_keys);
+    if let Some(v) = args.tokenize_min_len {
+        p.tokenize.min_len = v;
+    }
+    p.tokenize.custom_paths.extend(args.custom_paths);
+    if let Some(v) = args.store_db {
+        p.tokenize.store_db = v;
+    }
     if let Some(v) = args.log_format {
         config.log.format = v;
     }

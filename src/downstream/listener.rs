@@ -14,6 +14,7 @@ use crate::capture::CaptureDir;
 use crate::config::ProxyConfig;
 use crate::rewrite;
 use crate::shutdown::Shutdown;
+use crate::token::{NameStore, Tokens};
 use crate::upstream::UpstreamAddr;
 
 /// What every session shares.
@@ -27,7 +28,7 @@ pub struct ProxyContext {
 }
 
 impl ProxyContext {
-    pub fn new(config: ProxyConfig) -> std::io::Result<ProxyContext> {
+    pub async fn new(config: ProxyConfig) -> std::io::Result<ProxyContext> {
         let upstream = UpstreamAddr::parse(&config.upstream)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let capture = match &config.capture_dir {
@@ -39,6 +40,7 @@ impl ProxyContext {
                 client_compressors: config.client_compressors(),
                 upstream_compressors: config.upstream_compressors(),
                 shard_keys: rewrite::shard_key::ShardKeys::new(config.shard_key_rules()),
+                tokens: tokens(&config).await?,
             },
             upstream,
             capture,
@@ -50,6 +52,27 @@ impl ProxyContext {
     pub(crate) fn next_session_id(&self) -> u64 {
         self.next_session.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// The name store's client and the tokenization policy, when tokenization is on.
+async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
+    let t = &config.tokenize;
+    let policy = t.policy();
+    if !policy.is_active() {
+        return Ok(None);
+    }
+    let uri = t.store_uri.as_deref().unwrap_or(&config.upstream);
+    let client = mongodb::Client::with_uri_str(uri).await.map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("name store client: {e}"),
+        )
+    })?;
+    let coll = client.database(&t.store_db).collection(&t.store_collection);
+    Ok(Some(Tokens {
+        policy,
+        store: NameStore::new(coll, t.cap),
+    }))
 }
 
 /// A bound, not yet running proxy.
@@ -72,7 +95,7 @@ impl Proxy {
         let listener = TcpListener::bind(config.listen.as_str()).await?;
         Ok(Proxy {
             listener,
-            ctx: Arc::new(ProxyContext::new(config)?),
+            ctx: Arc::new(ProxyContext::new(config).await?),
             shutdown: Shutdown::new(),
         })
     }

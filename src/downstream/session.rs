@@ -145,9 +145,13 @@ impl Session {
             c.record(Direction::Request, &request.frame);
         }
 
-        // ④ rewrite request
+        // ④ rewrite request (allocating tokens first: a failure forwards nothing)
         let more_to_come = request.frame.more_to_come();
-        let rewritten = match rewrite::request(&request.frame, &self.ctx.rewrite, &self.legs) {
+        let rewritten = match self
+            .prepare_tokens(&request)
+            .await
+            .and_then(|()| rewrite::request(&request.frame, &self.ctx.rewrite, &self.legs))
+        {
             Ok(r) => r,
             Err(e) if more_to_come => {
                 // The driver expects no reply to this request: the refusal can
@@ -189,12 +193,77 @@ impl Session {
             };
             let reply = decompress(reply, Side::Upstream, self.ctx.config.max_message_size)?.0;
             let more = reply.more_to_come();
-            let reply = rewrite::reply(reply, &rewritten.plan, &mut self.legs)?;
+            let reply = match self.rewrite_reply(reply, &rewritten.plan).await {
+                Ok(reply) => reply,
+                Err(e) => {
+                    // The upstream answered but the answer cannot be shown
+                    // faithfully: the driver gets an error in its place.
+                    if !answered {
+                        self.reply_error(&request, &e).await?;
+                    }
+                    return if more || e.ends_session() {
+                        Err(e)
+                    } else {
+                        Ok(())
+                    };
+                }
+            };
             self.write_back(reply, &request).await?;
             answered = true;
             if !more {
                 return Ok(());
             }
+        }
+    }
+
+    /// Allocates the tokens a write needs, and makes sure the cache knows
+    /// every name a command mentions before the pure rewrite looks them up.
+    async fn prepare_tokens(&self, request: &Request) -> Result<(), ProxyError> {
+        let Some(t) = &self.ctx.rewrite.tokens else {
+            return Ok(());
+        };
+        let Message::Msg(m) = request.frame.message() else {
+            return Ok(());
+        };
+        let Some(db) = rewrite::tokenized_db(m, &self.ctx.rewrite) else {
+            return Ok(());
+        };
+        let cmd = rewrite::Command::from_msg(m)?;
+        let store_error = |e: crate::token::StoreError| ProxyError::NameStore(e.to_string());
+        let allocate = rewrite::crud::names_to_allocate(&cmd, &t.policy);
+        if !allocate.is_empty() {
+            let refs: Vec<&str> = allocate.iter().map(String::as_str).collect();
+            t.store.tokens(db, &refs).await.map_err(store_error)?;
+        }
+        let resolve = rewrite::crud::names_to_resolve(&cmd, &t.policy);
+        if !t.store.loaded(db)
+            || resolve
+                .iter()
+                .any(|n| t.store.cached_token(db, n).is_none())
+        {
+            t.store.refresh(db).await.map_err(store_error)?;
+        }
+        Ok(())
+    }
+
+    /// ⑦ Rewrites a reply; tokens another proxy allocated since this one last
+    /// read the store are loaded once, then the reply is expanded again.
+    async fn rewrite_reply(
+        &mut self,
+        reply: Frame,
+        plan: &rewrite::ReplyPlan,
+    ) -> Result<Frame, ProxyError> {
+        match rewrite::reply(reply.clone(), plan, &mut self.legs, &self.ctx.rewrite) {
+            Err(ProxyError::UnknownTokens { scope, .. }) => {
+                if let Some(t) = &self.ctx.rewrite.tokens {
+                    t.store
+                        .refresh(&scope)
+                        .await
+                        .map_err(|e| ProxyError::NameStore(e.to_string()))?;
+                }
+                rewrite::reply(reply, plan, &mut self.legs, &self.ctx.rewrite)
+            }
+            other => other,
         }
     }
 

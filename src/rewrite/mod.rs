@@ -6,6 +6,7 @@
 //! applies that plan to each reply. Neither does any I/O.
 
 mod command;
+pub mod crud;
 pub mod expand;
 mod hello;
 pub mod shard_key;
@@ -14,6 +15,7 @@ pub mod tokenize;
 use bson::RawBsonRef;
 
 use crate::error::ProxyError;
+use crate::token::{ScopeNames, Tokens};
 use crate::wire::{Compressor, Frame, Message, OpMsg};
 pub use command::Command;
 use shard_key::{ReplyNeeds, ShardKeys};
@@ -29,6 +31,8 @@ pub struct Settings {
     pub upstream_compressors: Vec<Compressor>,
     /// Shard-key rewriting rules.
     pub shard_keys: ShardKeys,
+    /// Name tokenization, when on.
+    pub tokens: Option<Tokens>,
 }
 
 /// How the replies to a request are to be rewritten.
@@ -39,8 +43,16 @@ pub enum ReplyPlan {
     /// A `hello`/`isMaster` reply: present the proxy as a mongos and settle
     /// compression on both legs.
     Hello(hello::HelloPlan),
-    /// Restore shard-key values and hide derived fields.
-    ShardKey(ReplyNeeds),
+    /// Restore shard-key values, hide derived fields, expand tokens.
+    Rewrite(ReplyRules),
+}
+
+/// What the replies of a rewritten command need.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplyRules {
+    pub shard: ReplyNeeds,
+    /// The name-store scope whose tokens are expanded.
+    pub expand: Option<String>,
 }
 
 /// Per-session state that replies settle and later requests use.
@@ -78,8 +90,10 @@ pub fn request(
     }
     match (name, frame.message()) {
         (Some(n), _) if hello::is_hello(n) => hello::request(frame, settings, legs),
-        (Some(_), Message::Msg(m)) if !settings.shard_keys.is_empty() => {
-            shard_key_request(m, frame, settings)
+        (Some(_), Message::Msg(m))
+            if !settings.shard_keys.is_empty() || settings.tokens.is_some() =>
+        {
+            rewrite_command(m, frame, settings)
         }
         _ => Ok(Rewritten {
             frame: None,
@@ -88,16 +102,17 @@ pub fn request(
     }
 }
 
-fn shard_key_request(
-    m: &OpMsg,
-    frame: &Frame,
-    settings: &Settings,
-) -> Result<Rewritten, ProxyError> {
+/// The database a command's names belong to, if it is tokenized.
+pub fn tokenized_db<'a>(m: &'a OpMsg, settings: &Settings) -> Option<&'a str> {
+    let t = settings.tokens.as_ref()?;
+    m.body()
+        .get_str("$db")
+        .ok()
+        .filter(|db| t.policy.applies_to(db))
+}
+
+fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewritten, ProxyError> {
     let keys = &settings.shard_keys;
-    let restore_only = ReplyPlan::ShardKey(ReplyNeeds {
-        restore: keys.restores(),
-        hide: None,
-    });
     let body = m.body();
     let (name, collection) = match body.iter().next() {
         Some(Ok((n, RawBsonRef::String(c)))) => (n, Some(c)),
@@ -105,36 +120,101 @@ fn shard_key_request(
         _ => ("", None),
     };
     let db = body.get_str("$db").ok();
-    if !keys.concerns(name, collection, db) {
-        return Ok(Rewritten {
-            frame: None,
-            plan: restore_only,
-        });
+    let tokens = settings.tokens.as_ref();
+    let scope = tokenized_db(m, settings);
+    if name == "bulkWrite" {
+        if let Some(t) = tokens {
+            refuse_tokenized_bulk_write(m, t)?;
+        }
+    }
+    let concerns = !keys.is_empty() && keys.concerns(name, collection, db);
+    let mut rules = ReplyRules {
+        shard: ReplyNeeds {
+            restore: keys.restores(),
+            hide: None,
+        },
+        expand: scope.map(str::to_owned),
+    };
+    if !concerns && scope.is_none() {
+        let plan = if rules == ReplyRules::default() {
+            ReplyPlan::Forward
+        } else {
+            ReplyPlan::Rewrite(rules)
+        };
+        return Ok(Rewritten { frame: None, plan });
     }
     let mut cmd = Command::from_msg(m)?;
-    let needs = keys.request(&mut cmd)?;
+    if concerns {
+        rules.shard = keys.request(&mut cmd)?;
+    }
+    if let (Some(t), Some(scope)) = (tokens, scope) {
+        let names = ScopeNames {
+            store: &t.store,
+            scope,
+        };
+        crud::command(&mut cmd, &t.policy, &names)?;
+    }
     let msg = cmd.into_msg(m)?;
     Ok(Rewritten {
         frame: Some(frame.clone().with_message(Message::Msg(msg))),
-        plan: ReplyPlan::ShardKey(needs),
+        plan: ReplyPlan::Rewrite(rules),
     })
 }
 
+fn refuse_tokenized_bulk_write(m: &OpMsg, t: &Tokens) -> Result<(), ProxyError> {
+    let cmd = Command::from_msg(m)?;
+    let tokenized = cmd.body.get_array("nsInfo").is_ok_and(|a| {
+        a.iter()
+            .filter_map(|ns| ns.as_document()?.get_str("ns").ok())
+            .any(|ns| {
+                ns.split_once('.')
+                    .is_some_and(|(db, _)| t.policy.applies_to(db))
+            })
+    });
+    if tokenized {
+        return Err(ProxyError::Unsupported(
+            "bulkWrite on a tokenized database cannot be rewritten to tokenized names yet".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Rewrites one decompressed reply according to its request's plan.
-pub fn reply(frame: Frame, plan: &ReplyPlan, legs: &mut LegState) -> Result<Frame, ProxyError> {
+pub fn reply(
+    frame: Frame,
+    plan: &ReplyPlan,
+    legs: &mut LegState,
+    settings: &Settings,
+) -> Result<Frame, ProxyError> {
     match plan {
         ReplyPlan::Forward => Ok(frame),
         ReplyPlan::Hello(h) => hello::reply(frame, h, legs),
-        ReplyPlan::ShardKey(needs) => {
+        ReplyPlan::Rewrite(rules) => {
             let Message::Msg(m) = frame.message() else {
                 return Ok(frame);
             };
-            let scan = needs.restore && shard_key::may_hold_stored_values(m.body().as_bytes());
-            if !scan && needs.hide.is_none() {
+            let restore =
+                rules.shard.restore && shard_key::may_hold_stored_values(m.body().as_bytes());
+            if !restore && rules.shard.hide.is_none() && rules.expand.is_none() {
                 return Ok(frame);
             }
             let mut body = command::to_document(m.body())?;
-            if !shard_key::reply(needs, &mut body) {
+            let mut changed = shard_key::reply(&rules.shard, &mut body);
+            if let (Some(scope), Some(t)) = (&rules.expand, &settings.tokens) {
+                if expand::needed(&body) {
+                    let names = ScopeNames {
+                        store: &t.store,
+                        scope,
+                    };
+                    body =
+                        expand::document(&body, &names).map_err(|u| ProxyError::UnknownTokens {
+                            scope: scope.clone(),
+                            tokens: u.0,
+                        })?;
+                    changed = true;
+                }
+            }
+            if !changed {
                 return Ok(frame);
             }
             let mut m = m.clone();

@@ -7,3 +7,10 @@ pub mod store;
 
 pub use policy::Policy;
 pub use store::{NameStore, Names, RoundTrips, ScopeNames, StoreError};
+
+/// Tokenization as the proxy runs it: which names, and the store that holds them.
+#[derive(Clone, Debug)]
+pub struct Tokens {
+    pub policy: Policy,
+    pub store: NameStore,
+}

@@ -105,6 +105,13 @@ impl NameStore {
             .clone()
     }
 
+    /// Whether this proxy has read the scope's chain at least once.
+    pub fn loaded(&self, scope: &str) -> bool {
+        let s = self.scope(scope);
+        let loaded = s.read().unwrap_or_else(|p| p.into_inner()).newest.is_some();
+        loaded
+    }
+
     /// The token of `name`, from the cache only (never a round trip).
     pub fn cached_token(&self, scope: &str, name: &str) -> Option<u32> {
         let s = self.scope(scope);

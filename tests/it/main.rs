@@ -12,3 +12,4 @@ mod passthrough;
 mod pymongo;
 mod shard_key;
 mod shutdown;
+mod tokenize;

@@ -10,7 +10,7 @@ use mongodb::{Client, Collection};
 use crate::common::{self, db_name};
 
 /// Runs a script of operations and returns a transcript of their results.
-async fn crud_script(client: &Client, db: &str) -> Vec<(String, Bson)> {
+pub(crate) async fn crud_script(client: &Client, db: &str) -> Vec<(String, Bson)> {
     let d = client.database(db);
     d.drop().await.unwrap();
     let c: Collection<Document> = d.collection("people");

@@ -1,0 +1,445 @@
+//! ④ Tokenization of whole commands: which parts of each command carry
+//! names, and in which form (catalogue §3–4). Commands that carry names in a
+//! form not handled here are refused with an error naming the construct.
+
+use bson::{Bson, Document};
+
+use super::command::Command;
+use super::tokenize::{document, filter, path, paths_document};
+use crate::error::ProxyError;
+use crate::token::{Names, Policy};
+
+/// Tokenizes `cmd` (addressed to a tokenized database) in place.
+pub fn command(cmd: &mut Command, policy: &Policy, names: &dyn Names) -> Result<(), ProxyError> {
+    let name = cmd.name().to_owned();
+    tokenize_command(&name, &mut cmd.body, policy, names)
+}
+
+fn tokenize_command(
+    name: &str,
+    body: &mut Document,
+    policy: &Policy,
+    names: &dyn Names,
+) -> Result<(), ProxyError> {
+    let t = Tok { policy, names };
+    match name {
+        "insert" => t.each(body, "documents", |t, d| {
+            *d = t.doc(d);
+            Ok(())
+        })?,
+        "update" => t.each(body, "updates", |t, u| t.write_op(u, "q", "u"))?,
+        "delete" => t.each(body, "deletes", |t, d| t.filter_at(d, "q"))?,
+        "find" => {
+            t.filter_at(body, "filter")?;
+            for k in ["projection", "sort", "min", "max"] {
+                t.paths_at(body, k);
+            }
+            t.hint(body);
+        }
+        "findAndModify" | "findandmodify" => {
+            t.filter_at(body, "query")?;
+            t.paths_at(body, "sort");
+            t.paths_at(body, "fields");
+            t.hint(body);
+            t.update(body, "update")?;
+            t.array_filters(body);
+        }
+        "count" => {
+            t.filter_at(body, "query")?;
+            t.hint(body);
+        }
+        "distinct" => {
+            t.filter_at(body, "query")?;
+            if let Ok(k) = body.get_str("key") {
+                let k = path(k, &[], policy, names);
+                body.insert("key", k);
+            }
+        }
+        "aggregate" => t.pipeline(body)?,
+        "createIndexes" => t.each(body, "indexes", |t, ix| {
+            t.paths_at(ix, "key");
+            t.filter_at(ix, "partialFilterExpression")?;
+            t.paths_at(ix, "wildcardProjection");
+            t.paths_at(ix, "weights");
+            Ok(())
+        })?,
+        "dropIndexes" | "deleteIndexes" => t.paths_at(body, "index"),
+        "explain" => {
+            if let Some(Bson::Document(inner)) = body.get_mut("explain") {
+                let inner_name = inner.keys().next().cloned().unwrap_or_default();
+                tokenize_command(&inner_name, inner, policy, names)?;
+            }
+        }
+        "mapReduce" | "mapreduce" => {
+            return Err(refuse("mapReduce (JavaScript reads field names)"))
+        }
+        "bulkWrite" => return Err(refuse("bulkWrite on a tokenized database")),
+        "create" | "collMod" if body.contains_key("validator") || body.contains_key("pipeline") => {
+            return Err(refuse(
+                "a validator or view pipeline on a tokenized database",
+            ))
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn refuse(what: &str) -> ProxyError {
+    ProxyError::Unsupported(format!("{what} cannot be rewritten to tokenized names yet"))
+}
+
+struct Tok<'a> {
+    policy: &'a Policy,
+    names: &'a dyn Names,
+}
+
+impl Tok<'_> {
+    fn doc(&self, d: &Document) -> Document {
+        document(d, &mut Vec::new(), self.policy, self.names)
+    }
+
+    fn each(
+        &self,
+        body: &mut Document,
+        key: &str,
+        mut f: impl FnMut(&Self, &mut Document) -> Result<(), ProxyError>,
+    ) -> Result<(), ProxyError> {
+        if let Ok(items) = body.get_array_mut(key) {
+            for item in items.iter_mut() {
+                if let Bson::Document(d) = item {
+                    f(self, d)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn filter_at(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
+        if let Ok(f) = parent.get_document(key) {
+            check_filter(f)?;
+            let f = filter(f, &[], self.policy, self.names);
+            parent.insert(key.to_owned(), f);
+        }
+        Ok(())
+    }
+
+    fn paths_at(&self, parent: &mut Document, key: &str) {
+        if let Ok(p) = parent.get_document(key) {
+            let p = paths_document(p, self.policy, self.names);
+            parent.insert(key.to_owned(), p);
+        }
+    }
+
+    /// A hint document is a key pattern; a string names an index: left alone.
+    fn hint(&self, parent: &mut Document) {
+        self.paths_at(parent, "hint");
+    }
+
+    fn write_op(
+        &self,
+        op: &mut Document,
+        filter_key: &str,
+        update_key: &str,
+    ) -> Result<(), ProxyError> {
+        self.filter_at(op, filter_key)?;
+        self.update(op, update_key)?;
+        self.array_filters(op);
+        self.hint(op);
+        Ok(())
+    }
+
+    fn update(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
+        let new = match parent.get(key) {
+            Some(Bson::Document(u)) if u.keys().next().is_some_and(|k| k.starts_with('$')) => {
+                let mut out = Document::new();
+                for (op, fields) in u {
+                    let Bson::Document(fields) = fields else {
+                        out.insert(op.clone(), fields.clone());
+                        continue;
+                    };
+                    let mut f = Document::new();
+                    for (p, v) in fields {
+                        let scope: Vec<String> = p
+                            .split('.')
+                            .filter(|c| {
+                                !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit())
+                            })
+                            .map(str::to_owned)
+                            .collect();
+                        let v = match (op.as_str(), v) {
+                            ("$rename", Bson::String(to)) => {
+                                Bson::String(path(to, &[], self.policy, self.names))
+                            }
+                            ("$unset" | "$inc" | "$mul" | "$currentDate" | "$pop" | "$bit", v) => {
+                                v.clone()
+                            }
+                            (_, Bson::Document(d)) => Bson::Document(document(
+                                d,
+                                &mut scope.clone(),
+                                self.policy,
+                                self.names,
+                            )),
+                            (_, Bson::Array(_)) | (_, _) => {
+                                literal(v, &scope, self.policy, self.names)
+                            }
+                        };
+                        f.insert(path(p, &[], self.policy, self.names), v);
+                    }
+                    out.insert(op.clone(), f);
+                }
+                out
+            }
+            Some(Bson::Document(replacement)) => self.doc(replacement),
+            Some(Bson::Array(_)) => {
+                return Err(refuse("a pipeline update on a tokenized collection"))
+            }
+            _ => return Ok(()),
+        };
+        parent.insert(key.to_owned(), new);
+        Ok(())
+    }
+
+    /// arrayFilters: `<id>` stays; the path after it is tokenized by name.
+    fn array_filters(&self, parent: &mut Document) {
+        let Ok(filters) = parent.get_array_mut("arrayFilters") else {
+            return;
+        };
+        for f in filters.iter_mut() {
+            let Bson::Document(d) = f else { continue };
+            let mut out = Document::new();
+            for (k, v) in d.iter() {
+                let k = match k.split_once('.') {
+                    Some((id, rest)) => {
+                        format!("{id}.{}", path(rest, &[], self.policy, self.names))
+                    }
+                    None => k.clone(),
+                };
+                out.insert(k, v.clone());
+            }
+            *d = out;
+        }
+    }
+
+    fn pipeline(&self, body: &mut Document) -> Result<(), ProxyError> {
+        let Ok(stages) = body.get_array_mut("pipeline") else {
+            return Ok(());
+        };
+        for stage in stages.iter_mut() {
+            let Bson::Document(stage) = stage else {
+                continue;
+            };
+            let Some((name, arg)) = stage.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
+                continue;
+            };
+            let new = match (name.as_str(), &arg) {
+                ("$match", Bson::Document(f)) => {
+                    check_filter(f)?;
+                    Bson::Document(filter(f, &[], self.policy, self.names))
+                }
+                ("$sort", Bson::Document(s)) => {
+                    Bson::Document(paths_document(s, self.policy, self.names))
+                }
+                ("$skip" | "$limit" | "$count" | "$sample", _) => arg,
+                ("$project", Bson::Document(p)) if p.values().all(is_flag) => {
+                    Bson::Document(paths_document(p, self.policy, self.names))
+                }
+                ("$group", Bson::Document(g)) => Bson::Document(self.group(g)?),
+                (other, _) => {
+                    return Err(refuse(&format!(
+                        "the aggregation stage {other} on a tokenized collection"
+                    )))
+                }
+            };
+            stage.insert(name, new);
+        }
+        Ok(())
+    }
+
+    /// `$group`: output names are the user's; `_id` and accumulator arguments
+    /// may be `"$path"` strings, constants or documents of those.
+    fn group(&self, g: &Document) -> Result<Document, ProxyError> {
+        let mut out = Document::new();
+        for (k, v) in g {
+            let v = match v {
+                Bson::Document(acc) if k != "_id" => {
+                    let mut a = Document::new();
+                    for (op, arg) in acc {
+                        a.insert(op.clone(), self.expression(arg)?);
+                    }
+                    Bson::Document(a)
+                }
+                other => self.expression(other)?,
+            };
+            out.insert(crate::token::namespace::escape(k).into_owned(), v);
+        }
+        Ok(out)
+    }
+
+    /// Field paths and constants only; any operator is refused for now.
+    fn expression(&self, e: &Bson) -> Result<Bson, ProxyError> {
+        Ok(match e {
+            Bson::String(s) if s.starts_with("$$") => {
+                return Err(refuse(&format!("the variable {s}")))
+            }
+            Bson::String(s) if s.starts_with('$') => {
+                Bson::String(format!("${}", path(&s[1..], &[], self.policy, self.names)))
+            }
+            Bson::Document(d) if d.keys().any(|k| k.starts_with('$')) => {
+                let op = d.keys().next().cloned().unwrap_or_default();
+                return Err(refuse(&format!("the expression operator {op}")));
+            }
+            Bson::Document(d) => {
+                let mut out = Document::new();
+                for (k, v) in d {
+                    out.insert(
+                        crate::token::namespace::escape(k).into_owned(),
+                        self.expression(v)?,
+                    );
+                }
+                Bson::Document(out)
+            }
+            other => other.clone(),
+        })
+    }
+}
+
+fn is_flag(v: &Bson) -> bool {
+    matches!(
+        v,
+        Bson::Int32(0 | 1) | Bson::Int64(0 | 1) | Bson::Boolean(_)
+    ) || matches!(v, Bson::Double(x) if *x == 0.0 || *x == 1.0)
+}
+
+fn literal(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bson {
+    match v {
+        Bson::Document(d) => Bson::Document(document(d, &mut scope.to_vec(), policy, names)),
+        Bson::Array(a) => Bson::Array(a.iter().map(|x| literal(x, scope, policy, names)).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Filter constructs that cannot be rewritten: JavaScript reads field names.
+fn check_filter(f: &Document) -> Result<(), ProxyError> {
+    for (k, v) in f {
+        match (k.as_str(), v) {
+            ("$where", _) => return Err(refuse("$where (JavaScript reads field names)")),
+            ("$expr", _) => return Err(refuse("$expr in a filter on a tokenized collection")),
+            ("$and" | "$or" | "$nor", Bson::Array(a)) => {
+                for sub in a {
+                    if let Bson::Document(d) = sub {
+                        check_filter(d)?;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The names a write needs tokens for, in the order they appear.
+pub fn names_to_allocate(cmd: &Command, policy: &Policy) -> Vec<String> {
+    use super::tokenize::collect_names;
+    let mut out = Vec::new();
+    let body = &cmd.body;
+    let docs = |key: &str| -> Vec<&Document> {
+        body.get_array(key)
+            .map(|a| a.iter().filter_map(Bson::as_document).collect())
+            .unwrap_or_default()
+    };
+    let update_names = |u: Option<&Bson>, out: &mut Vec<String>| match u {
+        Some(Bson::Document(u)) if u.keys().next().is_some_and(|k| k.starts_with('$')) => {
+            for (_, fields) in u {
+                if let Bson::Document(fields) = fields {
+                    for (p, v) in fields {
+                        let mut parent: Vec<&str> = Vec::new();
+                        for c in p.split('.') {
+                            if !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()) {
+                                if policy.tokenizes(&parent, c) && !out.iter().any(|n| n == c) {
+                                    out.push(c.to_owned());
+                                }
+                                parent.push(c);
+                            }
+                        }
+                        if let Bson::Document(d) = v {
+                            let mut inner = Vec::new();
+                            collect_names(d, policy, &mut inner);
+                            out.extend(
+                                inner
+                                    .into_iter()
+                                    .filter(|n| !out.contains(n))
+                                    .collect::<Vec<_>>(),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Some(Bson::Document(replacement)) => collect_names(replacement, policy, out),
+        _ => {}
+    };
+    match cmd.name() {
+        "insert" => docs("documents")
+            .into_iter()
+            .for_each(|d| collect_names(d, policy, &mut out)),
+        "update" => docs("updates")
+            .into_iter()
+            .for_each(|u| update_names(u.get("u"), &mut out)),
+        "findAndModify" | "findandmodify" => update_names(body.get("update"), &mut out),
+        _ => {}
+    }
+    out
+}
+
+/// Path components in a command that could be tokens: the cache must know
+/// about them before deciding they have none.
+pub fn names_to_resolve(cmd: &Command, policy: &Policy) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut parent = Vec::new();
+    for (k, v) in &cmd.body {
+        if k.starts_with('$') {
+            continue; // $db, $readPreference, …
+        }
+        collect_keys(v, policy, &mut parent, &mut out);
+    }
+    out
+}
+
+fn note(components: &str, policy: &Policy, parent: &[String], out: &mut Vec<String>) -> usize {
+    let mut pushed = 0;
+    let mut scope: Vec<&str> = parent.iter().map(String::as_str).collect();
+    for c in components.split('.') {
+        if c.starts_with('$') || c.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if policy.tokenizes(&scope, c) && !out.iter().any(|n| n == c) {
+            out.push(c.to_owned());
+        }
+        scope.push(c);
+        pushed += 1;
+    }
+    pushed
+}
+
+fn collect_keys(v: &Bson, policy: &Policy, parent: &mut Vec<String>, out: &mut Vec<String>) {
+    match v {
+        Bson::Document(d) => {
+            for (k, v) in d {
+                let depth = parent.len();
+                note(k, policy, parent, out);
+                parent.extend(
+                    k.split('.')
+                        .filter(|c| !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()))
+                        .map(str::to_owned),
+                );
+                collect_keys(v, policy, parent, out);
+                parent.truncate(depth);
+            }
+        }
+        Bson::Array(a) => a.iter().for_each(|x| collect_keys(x, policy, parent, out)),
+        Bson::String(s) if s.starts_with('$') && !s.starts_with("$$") => {
+            note(&s[1..], policy, &[], out);
+        }
+        _ => {}
+    }
+}

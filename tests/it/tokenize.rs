@@ -1,0 +1,121 @@
+//! Tokenized collections: documents are stored with short tokens and read
+//! back exactly as written; every CRUD command gives what it gives directly.
+
+use bson::{doc, Bson, Document};
+use laconic::token::namespace::{decode, Stored};
+
+use crate::common::{self, db_name};
+use crate::passthrough::crud_script;
+
+async fn tokenizing_proxy() -> laconic::downstream::ProxyHandle {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.custom_paths = vec!["custom".into()];
+    config.tokenize.store_db = db_name("tok", "store");
+    common::start(config).await
+}
+
+#[tokio::test]
+async fn crud_on_a_tokenized_collection_equals_direct_on_an_untokenized_twin() {
+    let proxy = tokenizing_proxy().await;
+    let via = crud_script(&common::via_proxy(&proxy).await, &db_name("tok", "proxy")).await;
+    let direct = crud_script(&common::direct().await, &db_name("tok", "direct")).await;
+    assert_eq!(via.len(), direct.len());
+    for (a, b) in via.iter().zip(&direct) {
+        assert_eq!(a, b, "operation {} differs", a.0);
+    }
+
+    // What the upstream holds: tokens in place of long names and custom attributes.
+    let stored = common::direct()
+        .await
+        .database(&db_name("tok", "proxy"))
+        .collection::<Document>("people")
+        .find_one(doc! {"_id": 1})
+        .await
+        .unwrap()
+        .unwrap();
+    let keys: Vec<&String> = stored.keys().collect();
+    assert_eq!(keys[0], "_id");
+    assert!(
+        !stored.contains_key("first_name") && !stored.contains_key("custom"),
+        "{stored:?}"
+    );
+    for k in keys.iter().skip(1) {
+        assert!(
+            matches!(decode(k), Some(Stored::Token(_))),
+            "{k:?} is not a token"
+        );
+    }
+    let custom = stored
+        .values()
+        .find_map(|v| v.as_document().filter(|d| d.len() >= 2))
+        .expect("the custom sub-document");
+    assert!(custom
+        .keys()
+        .all(|k| matches!(decode(k), Some(Stored::Token(_)))));
+    let logical = bson::to_vec(&doc! {"_id": 1, "first_name": "Jon", "last_name": "Hyman"})
+        .unwrap()
+        .len();
+    assert!(bson::to_vec(&stored).unwrap().len() < logical + 60);
+
+    // The name store follows seed 000's schema.
+    let chain: Vec<Document> = common::by_id(
+        &common::direct()
+            .await
+            .database(&db_name("tok", "store"))
+            .collection("name_store"),
+        doc! {"scope": db_name("tok", "proxy")},
+    )
+    .await;
+    assert!(!chain.is_empty());
+    let list = chain[0].get_array("list").unwrap();
+    assert!(
+        list.contains(&Bson::from("first_name")) && list.contains(&Bson::from("Favorite Player"))
+    );
+    assert_eq!(chain[0].get_i64("leastvalue").unwrap(), 0);
+
+    // A fresh proxy (a restart) reads the store and returns identical documents.
+    let again = tokenizing_proxy().await;
+    let c = common::via_proxy(&again)
+        .await
+        .database(&db_name("tok", "proxy"))
+        .collection::<Document>("people");
+    let direct_twin = common::direct()
+        .await
+        .database(&db_name("tok", "direct"))
+        .collection::<Document>("people");
+    assert_eq!(
+        common::by_id(&c, doc! {}).await,
+        common::by_id(&direct_twin, doc! {}).await
+    );
+}
+
+#[tokio::test]
+async fn unrewritable_constructs_are_refused_by_name() {
+    let proxy = tokenizing_proxy().await;
+    let c = common::via_proxy(&proxy)
+        .await
+        .database(&db_name("tok", "refuse"))
+        .collection::<Document>("c");
+    c.insert_one(doc! {"long_field_name": 1}).await.unwrap();
+    for (filter, construct) in [
+        (doc! {"$where": "this.long_field_name == 1"}, "$where"),
+        (doc! {"$expr": {"$eq": ["$long_field_name", 1]}}, "$expr"),
+    ] {
+        let err = c.find_one(filter).await.unwrap_err();
+        let mongodb::error::ErrorKind::Command(e) = *err.kind else {
+            panic!("{err}")
+        };
+        assert_eq!(e.code, 115);
+        assert!(e.message.contains(construct), "{}", e.message);
+    }
+    let err = c
+        .aggregate(vec![
+            doc! {"$lookup": {"from": "x", "localField": "a", "foreignField": "b", "as": "y"}},
+        ])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("$lookup"), "{err}");
+    // The session goes on.
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 1);
+}
