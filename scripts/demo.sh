@@ -11,7 +11,8 @@ cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
 source scripts/lib.sh
 start_upstream
 echo "upstream: SecantusDB on 127.0.0.1:$UPSTREAM_PORT" >&2
-start_proxy ./target/release/laconic --upstream "mongodb://127.0.0.1:$UPSTREAM_PORT/" --log-level warn
+start_proxy ./target/release/laconic --upstream "mongodb://127.0.0.1:$UPSTREAM_PORT/" --log-level warn \
+  --tokenize-min-len 6 --custom-path custom
 echo "laconic:  $PROXY_ADDR → 127.0.0.1:$UPSTREAM_PORT" >&2
 
 .upstream/venv/bin/python scripts/demo_workload.py "mongodb://$PROXY_ADDR/?retryWrites=false" \
