@@ -29,6 +29,8 @@ pub struct TokenizeConfig {
     pub min_len: usize,
     /// Every key under these dotted paths is tokenized, whatever its length.
     pub custom_paths: Vec<String>,
+    /// String values at these dotted paths (array elements included) are tokenized.
+    pub value_paths: Vec<String>,
     /// The database holding the name store (never tokenized itself).
     pub store_db: String,
     /// The name store's collection.
@@ -44,6 +46,7 @@ impl Default for TokenizeConfig {
         TokenizeConfig {
             min_len: 0,
             custom_paths: Vec::new(),
+            value_paths: Vec::new(),
             store_db: "laconic".into(),
             store_collection: "name_store".into(),
             cap: 1000,
@@ -55,6 +58,7 @@ impl Default for TokenizeConfig {
 impl TokenizeConfig {
     pub fn policy(&self) -> crate::token::Policy {
         crate::token::Policy::new(self.min_len, &self.custom_paths, &self.store_db)
+            .with_value_paths(&self.value_paths)
     }
 }
 
@@ -290,7 +294,7 @@ impl Config {
                 "not a database name",
             ));
         }
-        for path in &t.custom_paths {
+        for path in t.custom_paths.iter().chain(&t.value_paths) {
             if path.is_empty() || path.split('.').any(|c| c.is_empty() || c.starts_with('$')) {
                 return Err(invalid(
                     "proxy.tokenize.custom_paths",

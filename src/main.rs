@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the proxy.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Replay captured sessions against a target and report differing replies.
     Replay(ReplayArgs),
     /// Benchmarks: the proxy against direct and relayed connections, or the shard model.
@@ -101,6 +101,9 @@ struct ServeArgs {
     /// Tokenize every key under this dotted path, whatever its length (repeatable).
     #[arg(long = "custom-path", value_name = "PATH")]
     custom_paths: Vec<String>,
+    /// Tokenize the string values at this dotted path (repeatable).
+    #[arg(long = "value-path", value_name = "PATH")]
+    value_paths: Vec<String>,
     /// The database that holds the name store.
     #[arg(long, value_name = "NAME", env = "LACONIC_STORE_DB")]
     store_db: Option<String>,
@@ -129,7 +132,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Replay(args) => runtime.block_on(replay(args)),
         Command::Bench(BenchCommand::Proxy(args)) => {
             init_tracing(LogFormat::Text, "warn");
@@ -210,6 +213,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         p.tokenize.min_len = v;
     }
     p.tokenize.custom_paths.extend(args.custom_paths);
+    p.tokenize.value_paths.extend(args.value_paths);
     if let Some(v) = args.store_db {
         p.tokenize.store_db = v;
     }
@@ -223,6 +227,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_tracing(config.log.format, &config.log.level);
 
     let grace = config.proxy.shutdown_grace();
+    // Handlers go in before the "listening on" line: a script may signal as
+    // soon as it reads it.
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
     let proxy = Proxy::bind(config.proxy.clone())
         .await
         .with_context(|| format!("cannot listen on {}", config.proxy.listen))?;
@@ -233,7 +244,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     info!(listen = %handle.addr, upstream = %redact_uri(&config.proxy.upstream), "laconic started");
 
-    wait_for_signal().await?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
     info!("shutting down: no new connections; waiting up to {grace:?} for requests in flight");
     handle.shutdown.trigger();
     let _ = task.await;
@@ -241,15 +255,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         info!("shutdown complete");
     } else {
         warn!("grace period of {grace:?} ran out; closing the remaining connections");
-    }
-    Ok(())
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        r = tokio::signal::ctrl_c() => r?,
     }
     Ok(())
 }

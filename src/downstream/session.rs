@@ -230,18 +230,33 @@ impl Session {
         };
         let cmd = rewrite::Command::from_msg(m)?;
         let store_error = |e: crate::token::StoreError| ProxyError::NameStore(e.to_string());
+        let values_scope = crate::token::value_scope(db);
         let allocate = rewrite::crud::names_to_allocate(&cmd, &t.policy);
-        if !allocate.is_empty() {
-            let refs: Vec<&str> = allocate.iter().map(String::as_str).collect();
-            t.store.tokens(db, &refs).await.map_err(store_error)?;
+        for (scope, list) in [
+            (db, &allocate.names),
+            (values_scope.as_str(), &allocate.values),
+        ] {
+            if !list.is_empty() {
+                let refs: Vec<&str> = list.iter().map(String::as_str).collect();
+                t.store.tokens(scope, &refs).await.map_err(store_error)?;
+            }
         }
         let resolve = rewrite::crud::names_to_resolve(&cmd, &t.policy);
-        if !t.store.loaded(db)
-            || resolve
-                .iter()
-                .any(|n| t.store.cached_token(db, n).is_none())
-        {
-            t.store.refresh(db).await.map_err(store_error)?;
+        for (scope, list) in [
+            (db, &resolve.names),
+            (values_scope.as_str(), &resolve.values),
+        ] {
+            // Values matched by a regular expression need the whole value
+            // dictionary, so it is read once whatever the command names.
+            let needed = scope == db || !t.policy.value_paths.is_empty();
+            if needed
+                && (!t.store.loaded(scope)
+                    || list
+                        .iter()
+                        .any(|n| t.store.cached_token(scope, n).is_none()))
+            {
+                t.store.refresh(scope).await.map_err(store_error)?;
+            }
         }
         Ok(())
     }
@@ -256,10 +271,12 @@ impl Session {
         match rewrite::reply(reply.clone(), plan, &mut self.legs, &self.ctx.rewrite) {
             Err(ProxyError::UnknownTokens { scope, .. }) => {
                 if let Some(t) = &self.ctx.rewrite.tokens {
-                    t.store
-                        .refresh(&scope)
-                        .await
-                        .map_err(|e| ProxyError::NameStore(e.to_string()))?;
+                    for s in [scope.clone(), crate::token::value_scope(&scope)] {
+                        t.store
+                            .refresh(&s)
+                            .await
+                            .map_err(|e| ProxyError::NameStore(e.to_string()))?;
+                    }
                 }
                 rewrite::reply(reply, plan, &mut self.legs, &self.ctx.rewrite)
             }

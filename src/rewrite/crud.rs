@@ -30,6 +30,7 @@ fn tokenize_command(
         "update" => t.each(body, "updates", |t, u| t.write_op(u, "q", "u"))?,
         "delete" => t.each(body, "deletes", |t, d| t.filter_at(d, "q"))?,
         "find" => {
+            t.refuse_value_sort(body, "sort")?;
             t.filter_at(body, "filter")?;
             for k in ["projection", "sort", "min", "max"] {
                 t.paths_at(body, k);
@@ -37,6 +38,7 @@ fn tokenize_command(
             t.hint(body);
         }
         "findAndModify" | "findandmodify" => {
+            t.refuse_value_sort(body, "sort")?;
             t.filter_at(body, "query")?;
             t.paths_at(body, "sort");
             t.paths_at(body, "fields");
@@ -116,7 +118,7 @@ impl Tok<'_> {
 
     fn filter_at(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
         if let Ok(f) = parent.get_document(key) {
-            check_filter(f)?;
+            check_filter(f, self.policy)?;
             let f = filter(f, &[], self.policy, self.names);
             parent.insert(key.to_owned(), f);
         }
@@ -128,6 +130,17 @@ impl Tok<'_> {
             let p = paths_document(p, self.policy, self.names);
             parent.insert(key.to_owned(), p);
         }
+    }
+
+    fn refuse_value_sort(&self, parent: &Document, key: &str) -> Result<(), ProxyError> {
+        if let Ok(s) = parent.get_document(key) {
+            if let Some(p) = s.keys().find(|p| is_value_path(self.policy, p)) {
+                return Err(ProxyError::Unsupported(format!(
+                    "a sort on the tokenized value path {p} cannot be kept correct: tokenized values keep no order"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// A hint document is a key pattern; a string names an index: left alone.
@@ -172,6 +185,9 @@ impl Tok<'_> {
                             }
                             ("$unset" | "$inc" | "$mul" | "$currentDate" | "$pop" | "$bit", v) => {
                                 v.clone()
+                            }
+                            (_, v) if self.policy.is_value_path(&scope) => {
+                                super::tokenize::value_literal(v, self.names)
                             }
                             (_, Bson::Document(d)) => Bson::Document(document(
                                 d,
@@ -233,10 +249,11 @@ impl Tok<'_> {
             };
             let new = match (name.as_str(), &arg) {
                 ("$match", Bson::Document(f)) => {
-                    check_filter(f)?;
+                    check_filter(f, self.policy)?;
                     Bson::Document(filter(f, &[], self.policy, self.names))
                 }
                 ("$sort", Bson::Document(s)) => {
+                    self.refuse_value_sort(stage, "$sort")?;
                     Bson::Document(paths_document(s, self.policy, self.names))
                 }
                 ("$skip" | "$limit" | "$count" | "$sample", _) => arg,
@@ -281,6 +298,12 @@ impl Tok<'_> {
             Bson::String(s) if s.starts_with("$$") => {
                 return Err(refuse(&format!("the variable {s}")))
             }
+            Bson::String(s) if s.starts_with('$') && is_value_path(self.policy, &s[1..]) => {
+                return Err(refuse(&format!(
+                    "an aggregation over the tokenized value path {}",
+                    &s[1..]
+                )))
+            }
             Bson::String(s) if s.starts_with('$') => {
                 Bson::String(format!("${}", path(&s[1..], &[], self.policy, self.names)))
             }
@@ -318,8 +341,9 @@ fn literal(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bs
     }
 }
 
-/// Filter constructs that cannot be rewritten: JavaScript reads field names.
-fn check_filter(f: &Document) -> Result<(), ProxyError> {
+/// Filter constructs that cannot be rewritten: JavaScript reads field names;
+/// tokenized values keep no order and are not strings.
+fn check_filter(f: &Document, policy: &Policy) -> Result<(), ProxyError> {
     for (k, v) in f {
         match (k.as_str(), v) {
             ("$where", _) => return Err(refuse("$where (JavaScript reads field names)")),
@@ -327,74 +351,136 @@ fn check_filter(f: &Document) -> Result<(), ProxyError> {
             ("$and" | "$or" | "$nor", Bson::Array(a)) => {
                 for sub in a {
                     if let Bson::Document(d) = sub {
-                        check_filter(d)?;
+                        check_filter(d, policy)?;
                     }
                 }
             }
+            (p, v) if is_value_path(policy, p) => check_value_condition(p, v)?,
             _ => {}
         }
     }
     Ok(())
 }
 
-/// The names a write needs tokens for, in the order they appear.
-pub fn names_to_allocate(cmd: &Command, policy: &Policy) -> Vec<String> {
-    use super::tokenize::collect_names;
-    let mut out = Vec::new();
+fn is_value_path(policy: &Policy, p: &str) -> bool {
+    let parts: Vec<&str> = p
+        .split('.')
+        .filter(|c| !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()))
+        .collect();
+    policy.is_value_path(&parts)
+}
+
+fn check_value_condition(path: &str, v: &Bson) -> Result<(), ProxyError> {
+    let refuse_value = |what: &str| {
+        ProxyError::Unsupported(format!(
+            "{what} on the tokenized value path {path} cannot be kept correct: tokenized values keep no order and are not strings"
+        ))
+    };
+    match v {
+        Bson::Document(d) => {
+            for (op, operand) in d {
+                match op.as_str() {
+                    "$gt" | "$gte" | "$lt" | "$lte" => {
+                        return Err(refuse_value(&format!("a range query ({op})")))
+                    }
+                    "$type" => return Err(refuse_value("$type")),
+                    "$regex" => {
+                        let pattern = operand.as_str().unwrap_or_default();
+                        let options = d.get_str("$options").unwrap_or_default();
+                        if super::tokenize::compile_regex(pattern, options).is_none() {
+                            return Err(refuse_value(&format!("the regular expression /{pattern}/ (look-around or back-references)")));
+                        }
+                    }
+                    "$not" | "$elemMatch" => check_value_condition(path, operand)?,
+                    _ => {}
+                }
+            }
+        }
+        Bson::RegularExpression(r)
+            if super::tokenize::compile_regex(&r.pattern, &r.options).is_none() =>
+        {
+            return Err(refuse_value(&format!(
+                "the regular expression /{}/",
+                r.pattern
+            )));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// What a write needs allocated before it is forwarded.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ToAllocate {
+    pub names: Vec<String>,
+    pub values: Vec<String>,
+}
+
+/// The names and values a write needs tokens for, in the order they appear.
+pub fn names_to_allocate(cmd: &Command, policy: &Policy) -> ToAllocate {
+    use super::tokenize::{collect_names, collect_values, collect_values_at};
+    let mut out = ToAllocate::default();
     let body = &cmd.body;
     let docs = |key: &str| -> Vec<&Document> {
         body.get_array(key)
             .map(|a| a.iter().filter_map(Bson::as_document).collect())
             .unwrap_or_default()
     };
-    let update_names = |u: Option<&Bson>, out: &mut Vec<String>| match u {
+    let update = |u: Option<&Bson>, out: &mut ToAllocate| match u {
         Some(Bson::Document(u)) if u.keys().next().is_some_and(|k| k.starts_with('$')) => {
             for (_, fields) in u {
-                if let Bson::Document(fields) = fields {
-                    for (p, v) in fields {
-                        let mut parent: Vec<&str> = Vec::new();
-                        for c in p.split('.') {
-                            if !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()) {
-                                if policy.tokenizes(&parent, c) && !out.iter().any(|n| n == c) {
-                                    out.push(c.to_owned());
-                                }
-                                parent.push(c);
+                let Bson::Document(fields) = fields else {
+                    continue;
+                };
+                for (p, v) in fields {
+                    let mut parent: Vec<&str> = Vec::new();
+                    for c in p.split('.') {
+                        if !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()) {
+                            if policy.tokenizes(&parent, c) && !out.names.iter().any(|n| n == c) {
+                                out.names.push(c.to_owned());
                             }
-                        }
-                        if let Bson::Document(d) = v {
-                            let mut inner = Vec::new();
-                            collect_names(d, policy, &mut inner);
-                            out.extend(
-                                inner
-                                    .into_iter()
-                                    .filter(|n| !out.contains(n))
-                                    .collect::<Vec<_>>(),
-                            );
+                            parent.push(c);
                         }
                     }
+                    if let Bson::Document(d) = v {
+                        let mut inner = Vec::new();
+                        collect_names(d, policy, &mut inner);
+                        for n in inner {
+                            if !out.names.contains(&n) {
+                                out.names.push(n);
+                            }
+                        }
+                    }
+                    collect_values_at(v, policy, &mut parent, &mut out.values);
                 }
             }
         }
-        Some(Bson::Document(replacement)) => collect_names(replacement, policy, out),
+        Some(Bson::Document(replacement)) => {
+            collect_names(replacement, policy, &mut out.names);
+            collect_values(replacement, policy, &mut out.values);
+        }
         _ => {}
     };
     match cmd.name() {
-        "insert" => docs("documents")
-            .into_iter()
-            .for_each(|d| collect_names(d, policy, &mut out)),
+        "insert" => {
+            for d in docs("documents") {
+                collect_names(d, policy, &mut out.names);
+                collect_values(d, policy, &mut out.values);
+            }
+        }
         "update" => docs("updates")
             .into_iter()
-            .for_each(|u| update_names(u.get("u"), &mut out)),
-        "findAndModify" | "findandmodify" => update_names(body.get("update"), &mut out),
+            .for_each(|u| update(u.get("u"), &mut out)),
+        "findAndModify" | "findandmodify" => update(body.get("update"), &mut out),
         _ => {}
     }
     out
 }
 
-/// Path components in a command that could be tokens: the cache must know
-/// about them before deciding they have none.
-pub fn names_to_resolve(cmd: &Command, policy: &Policy) -> Vec<String> {
-    let mut out = Vec::new();
+/// Path components and values in a command that could be tokens: the cache
+/// must know about them before deciding they have none.
+pub fn names_to_resolve(cmd: &Command, policy: &Policy) -> ToAllocate {
+    let mut out = ToAllocate::default();
     let mut parent = Vec::new();
     for (k, v) in &cmd.body {
         if k.starts_with('$') {
@@ -405,8 +491,7 @@ pub fn names_to_resolve(cmd: &Command, policy: &Policy) -> Vec<String> {
     out
 }
 
-fn note(components: &str, policy: &Policy, parent: &[String], out: &mut Vec<String>) -> usize {
-    let mut pushed = 0;
+fn note(components: &str, policy: &Policy, parent: &[String], out: &mut Vec<String>) {
     let mut scope: Vec<&str> = parent.iter().map(String::as_str).collect();
     for c in components.split('.') {
         if c.starts_with('$') || c.bytes().all(|b| b.is_ascii_digit()) {
@@ -416,17 +501,15 @@ fn note(components: &str, policy: &Policy, parent: &[String], out: &mut Vec<Stri
             out.push(c.to_owned());
         }
         scope.push(c);
-        pushed += 1;
     }
-    pushed
 }
 
-fn collect_keys(v: &Bson, policy: &Policy, parent: &mut Vec<String>, out: &mut Vec<String>) {
+fn collect_keys(v: &Bson, policy: &Policy, parent: &mut Vec<String>, out: &mut ToAllocate) {
     match v {
         Bson::Document(d) => {
             for (k, v) in d {
                 let depth = parent.len();
-                note(k, policy, parent, out);
+                note(k, policy, parent, &mut out.names);
                 parent.extend(
                     k.split('.')
                         .filter(|c| !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()))
@@ -437,8 +520,12 @@ fn collect_keys(v: &Bson, policy: &Policy, parent: &mut Vec<String>, out: &mut V
             }
         }
         Bson::Array(a) => a.iter().for_each(|x| collect_keys(x, policy, parent, out)),
+        Bson::String(s) if policy.is_value_path(parent) && !out.values.contains(s) => {
+            out.values.push(s.clone());
+        }
+        Bson::String(s) if policy.is_value_path(parent) => {}
         Bson::String(s) if s.starts_with('$') && !s.starts_with("$$") => {
-            note(&s[1..], policy, &[], out);
+            note(&s[1..], policy, &[], &mut out.names);
         }
         _ => {}
     }

@@ -11,12 +11,17 @@ use std::borrow::Cow;
 
 use bson::{Bson, Document};
 
-use crate::token::namespace::{decode, is_reserved, Stored, ESCAPE};
+use bson::spec::BinarySubtype;
+
+use crate::token::namespace::{decode, is_reserved, value_number, Stored, ESCAPE, VALUE_SUBTYPE};
 use crate::token::Names;
 
 /// Tokens the cache does not know yet: refresh the store, then expand again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unknown(pub Vec<u32>);
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unknown {
+    pub names: Vec<u32>,
+    pub values: Vec<u32>,
+}
 
 /// Whether any key of the document needs expanding (a cheap first pass).
 pub fn needed(doc: &Document) -> bool {
@@ -29,6 +34,7 @@ fn key_needed(k: &str) -> bool {
 
 fn value_needed(v: &Bson) -> bool {
     match v {
+        Bson::Binary(b) => b.subtype == BinarySubtype::UserDefined(VALUE_SUBTYPE),
         Bson::Document(d) => needed(d),
         Bson::Array(a) => a.iter().any(value_needed),
         _ => false,
@@ -70,30 +76,42 @@ fn component<'k>(c: &'k str, names: &dyn Names, unknown: &mut Vec<u32>) -> Cow<'
 
 /// Expands every key of a reply; fails with the tokens the cache lacks.
 pub fn document(doc: &Document, names: &dyn Names) -> Result<Document, Unknown> {
-    let mut unknown = Vec::new();
+    let mut unknown = Unknown::default();
     let out = expand_doc(doc, names, &mut unknown);
-    if unknown.is_empty() {
+    if unknown.names.is_empty() && unknown.values.is_empty() {
         Ok(out)
     } else {
-        unknown.sort_unstable();
-        unknown.dedup();
-        Err(Unknown(unknown))
+        for l in [&mut unknown.names, &mut unknown.values] {
+            l.sort_unstable();
+            l.dedup();
+        }
+        Err(unknown)
     }
 }
 
-fn expand_doc(doc: &Document, names: &dyn Names, unknown: &mut Vec<u32>) -> Document {
+fn expand_doc(doc: &Document, names: &dyn Names, unknown: &mut Unknown) -> Document {
     let mut out = Document::new();
     for (k, v) in doc {
         out.insert(
-            key(k, names, unknown).into_owned(),
+            key(k, names, &mut unknown.names).into_owned(),
             expand_value(v, names, unknown),
         );
     }
     out
 }
 
-fn expand_value(v: &Bson, names: &dyn Names, unknown: &mut Vec<u32>) -> Bson {
+fn expand_value(v: &Bson, names: &dyn Names, unknown: &mut Unknown) -> Bson {
     match v {
+        Bson::Binary(b) if b.subtype == BinarySubtype::UserDefined(VALUE_SUBTYPE) => {
+            match value_number(&b.bytes).map(|n| (n, names.value(n))) {
+                Some((_, Some(value))) => Bson::String(value.to_string()),
+                Some((n, None)) => {
+                    unknown.values.push(n);
+                    v.clone()
+                }
+                None => v.clone(),
+            }
+        }
         Bson::Document(d) => Bson::Document(expand_doc(d, names, unknown)),
         Bson::Array(a) => Bson::Array(a.iter().map(|x| expand_value(x, names, unknown)).collect()),
         other => other.clone(),

@@ -209,7 +209,7 @@ pub fn reply(
                     body =
                         expand::document(&body, &names).map_err(|u| ProxyError::UnknownTokens {
                             scope: scope.clone(),
-                            tokens: u.0,
+                            tokens: u.names.into_iter().chain(u.values).collect(),
                         })?;
                     changed = true;
                 }

@@ -10,7 +10,10 @@ use std::borrow::Cow;
 
 use bson::{Bson, Document};
 
-use crate::token::namespace::{encode, escape};
+use bson::spec::BinarySubtype;
+use bson::Binary;
+
+use crate::token::namespace::{encode, escape, value_bytes, VALUE_SUBTYPE};
 use crate::token::{Names, Policy};
 
 /// Names in a document that `policy` tokenizes, for allocation before a write.
@@ -43,6 +46,75 @@ fn collect_value<'a>(v: &'a Bson, policy: &Policy, path: &mut Vec<&'a str>, out:
     }
 }
 
+/// String values at the policy's value paths, for allocation before a write.
+pub fn collect_values(doc: &Document, policy: &Policy, out: &mut Vec<String>) {
+    collect_values_in(doc, policy, &mut Vec::new(), out);
+}
+
+fn collect_values_in<'a>(
+    doc: &'a Document,
+    policy: &Policy,
+    path: &mut Vec<&'a str>,
+    out: &mut Vec<String>,
+) {
+    for (k, v) in doc {
+        path.push(k);
+        collect_values_at(v, policy, path, out);
+        path.pop();
+    }
+}
+
+/// Strings in `v`, which sits at `path`.
+pub fn collect_values_at<'a>(
+    v: &'a Bson,
+    policy: &Policy,
+    path: &mut Vec<&'a str>,
+    out: &mut Vec<String>,
+) {
+    match v {
+        Bson::String(s) if policy.is_value_path(path) && !out.iter().any(|x| x == s) => {
+            out.push(s.clone());
+        }
+        Bson::Document(d) if policy.is_value_path(path) => {
+            // `$each` of a `$push`/`$addToSet`.
+            if let Some(e) = d.get("$each") {
+                collect_values_at(e, policy, path, out);
+            }
+        }
+        Bson::Document(d) => collect_values_in(d, policy, path, out),
+        Bson::Array(a) => a
+            .iter()
+            .for_each(|x| collect_values_at(x, policy, path, out)),
+        _ => {}
+    }
+}
+
+/// A value at a value path: strings with a token become value tokens.
+pub fn value_literal(v: &Bson, names: &dyn Names) -> Bson {
+    match v {
+        Bson::String(s) => match names.value_token(s) {
+            Some(t) => value_token(t),
+            None => v.clone(),
+        },
+        Bson::Array(a) => Bson::Array(a.iter().map(|x| value_literal(x, names)).collect()),
+        Bson::Document(d) if d.contains_key("$each") => {
+            let mut out = d.clone();
+            if let Some(e) = d.get("$each") {
+                out.insert("$each", value_literal(e, names));
+            }
+            Bson::Document(out)
+        }
+        other => other.clone(),
+    }
+}
+
+pub fn value_token(t: u32) -> Bson {
+    Bson::Binary(Binary {
+        subtype: BinarySubtype::UserDefined(VALUE_SUBTYPE),
+        bytes: value_bytes(t),
+    })
+}
+
 /// The stored form of one key found under the logical path `parent`.
 pub fn key<'k>(parent: &[&str], k: &'k str, policy: &Policy, names: &dyn Names) -> Cow<'k, str> {
     if policy.tokenizes(parent, k) {
@@ -67,7 +139,12 @@ pub fn document(
             key(&p, k, policy, names).into_owned()
         };
         parent.push(k.clone());
-        out.insert(stored, value(v, parent, policy, names));
+        let v = if policy.is_value_path(parent) {
+            value_literal(v, names)
+        } else {
+            value(v, parent, policy, names)
+        };
+        out.insert(stored, v);
         parent.pop();
     }
     out
@@ -152,6 +229,9 @@ pub fn filter(f: &Document, parent: &[String], policy: &Policy, names: &dyn Name
 
 /// The value under a path in a filter: an operator document or a literal.
 fn condition(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bson {
+    if policy.is_value_path(scope) {
+        return value_condition(v, names);
+    }
     match v {
         Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
             let mut out = Document::new();
@@ -178,6 +258,73 @@ fn condition(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> 
         }
         other => literal(other, scope, policy, names),
     }
+}
+
+/// A condition on a value path: strings compared through the dictionary, and
+/// a regular expression matched against the dictionary, becoming `$in` the
+/// matching tokens (and the expression itself, for values never tokenized).
+fn value_condition(v: &Bson, names: &dyn Names) -> Bson {
+    match v {
+        Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
+            let mut out = Document::new();
+            for (op, operand) in d {
+                match op.as_str() {
+                    "$regex" => {
+                        let options = d.get_str("$options").unwrap_or_default();
+                        let pattern = match operand {
+                            Bson::String(p) => p.clone(),
+                            Bson::RegularExpression(r) => r.pattern.clone(),
+                            _ => continue,
+                        };
+                        out.insert("$in", regex_in(&pattern, options, names));
+                    }
+                    "$options" => {}
+                    "$not" | "$elemMatch" => {
+                        out.insert(op.clone(), value_condition(operand, names));
+                    }
+                    _ => {
+                        out.insert(op.clone(), value_literal(operand, names));
+                    }
+                }
+            }
+            Bson::Document(out)
+        }
+        Bson::RegularExpression(r) => {
+            let mut out = Document::new();
+            out.insert("$in", regex_in(&r.pattern, &r.options, names));
+            Bson::Document(out)
+        }
+        other => value_literal(other, names),
+    }
+}
+
+/// The tokens whose values match, plus the expression for untokenized values.
+fn regex_in(pattern: &str, options: &str, names: &dyn Names) -> Bson {
+    let mut list = Vec::new();
+    if let Some(re) = compile_regex(pattern, options) {
+        for (t, value) in names.values() {
+            if re.is_match(&value) {
+                list.push(value_token(t));
+            }
+        }
+    }
+    list.push(Bson::RegularExpression(bson::Regex {
+        pattern: pattern.to_owned(),
+        options: options.to_owned(),
+    }));
+    Bson::Array(list)
+}
+
+/// A MongoDB regular expression as a Rust one; `None` if it uses syntax the
+/// regex crate lacks (look-around, back-references), which callers refuse.
+pub fn compile_regex(pattern: &str, options: &str) -> Option<regex::Regex> {
+    regex::RegexBuilder::new(pattern)
+        .case_insensitive(options.contains('i'))
+        .multi_line(options.contains('m'))
+        .dot_matches_new_line(options.contains('s'))
+        .ignore_whitespace(options.contains('x'))
+        .build()
+        .ok()
 }
 
 /// A literal value compared with stored data: documents inside are stored-form.

@@ -146,6 +146,41 @@ pub fn escape(key: &str) -> Cow<'_, str> {
     }
 }
 
+/// The binary subtype of a tokenized value (user-defined range).
+pub const VALUE_SUBTYPE: u8 = 0x8C;
+
+/// A value token's bytes: its number as an unsigned LEB128 varint (1 byte
+/// below 128, 2 below 16,384, 3 below 2,097,152).
+pub fn value_bytes(mut n: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(3);
+    loop {
+        let b = (n & 0x7F) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// The number a value token's bytes spell; `None` if they are not a varint.
+pub fn value_number(bytes: &[u8]) -> Option<u32> {
+    let mut n: u64 = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if i >= 5 {
+            return None;
+        }
+        n |= u64::from(b & 0x7F) << (7 * i);
+        if b & 0x80 == 0 {
+            return (i + 1 == bytes.len())
+                .then(|| u32::try_from(n).ok())
+                .flatten();
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -193,7 +228,21 @@ mod tests {
         );
     }
 
+    #[test]
+    fn value_tokens_are_short_varints() {
+        assert_eq!(value_bytes(0), vec![0]);
+        assert_eq!(value_bytes(127).len(), 1);
+        assert_eq!(value_bytes(128).len(), 2);
+        assert_eq!(value_number(&[0x80]), None, "unterminated");
+        assert_eq!(value_number(&[1, 2]), None, "trailing bytes");
+    }
+
     proptest! {
+        #[test]
+        fn value_numbers_round_trip(n in any::<u32>()) {
+            prop_assert_eq!(value_number(&value_bytes(n)), Some(n));
+        }
+
         #[test]
         fn every_number_round_trips(n in any::<u32>()) {
             let t = encode(n);

@@ -8,6 +8,8 @@ pub struct Policy {
     pub min_len: usize,
     /// Every key under these paths is tokenized, whatever its length.
     pub custom_paths: Vec<Vec<String>>,
+    /// String values at these paths (array elements included) are tokenized.
+    pub value_paths: Vec<Vec<String>>,
     /// Databases never tokenized (the system ones and the store's own).
     pub excluded_dbs: Vec<String>,
 }
@@ -20,6 +22,7 @@ impl Policy {
                 .iter()
                 .map(|p| p.split('.').map(str::to_owned).collect())
                 .collect(),
+            value_paths: Vec::new(),
             excluded_dbs: ["admin", "local", "config", store_db]
                 .iter()
                 .map(|s| (*s).to_owned())
@@ -27,9 +30,26 @@ impl Policy {
         }
     }
 
+    /// Tokenizes the string values found at `paths` too.
+    pub fn with_value_paths(mut self, paths: &[String]) -> Policy {
+        self.value_paths = paths
+            .iter()
+            .map(|p| p.split('.').map(str::to_owned).collect())
+            .collect();
+        self
+    }
+
     /// Whether anything is tokenized at all.
     pub fn is_active(&self) -> bool {
-        self.min_len > 0 || !self.custom_paths.is_empty()
+        self.min_len > 0 || !self.custom_paths.is_empty() || !self.value_paths.is_empty()
+    }
+
+    /// Whether the values at the logical path `path` (array indexes left
+    /// out) are tokenized.
+    pub fn is_value_path<S: AsRef<str>>(&self, path: &[S]) -> bool {
+        self.value_paths
+            .iter()
+            .any(|p| p.len() == path.len() && p.iter().zip(path).all(|(a, b)| a == b.as_ref()))
     }
 
     /// Whether documents of `db` are tokenized.

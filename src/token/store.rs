@@ -284,6 +284,16 @@ fn parse(d: &Document) -> Result<(i64, u32, Vec<String>), StoreError> {
 pub trait Names {
     fn token(&self, name: &str) -> Option<u32>;
     fn name(&self, token: u32) -> Option<Arc<str>>;
+    /// The token of a tokenized value (a separate dictionary).
+    fn value_token(&self, value: &str) -> Option<u32>;
+    fn value(&self, token: u32) -> Option<Arc<str>>;
+    /// Every known value, for matching a regular expression against them.
+    fn values(&self) -> Vec<(u32, Arc<str>)>;
+}
+
+/// The scope of a database's value dictionary.
+pub fn value_scope(scope: &str) -> String {
+    format!("{scope}#values")
 }
 
 /// A scope of a [`NameStore`], seen through its cache.
@@ -298,5 +308,20 @@ impl Names for ScopeNames<'_> {
     }
     fn name(&self, token: u32) -> Option<Arc<str>> {
         self.store.cached_name(self.scope, token)
+    }
+    fn value_token(&self, value: &str) -> Option<u32> {
+        self.store.cached_token(&value_scope(self.scope), value)
+    }
+    fn value(&self, token: u32) -> Option<Arc<str>> {
+        self.store.cached_name(&value_scope(self.scope), token)
+    }
+    fn values(&self) -> Vec<(u32, Arc<str>)> {
+        let s = self.store.scope(&value_scope(self.scope));
+        let s = s.read().unwrap_or_else(|p| p.into_inner());
+        s.names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i as u32, n.clone()))
+            .collect()
     }
 }

@@ -119,3 +119,109 @@ async fn unrewritable_constructs_are_refused_by_name() {
     // The session goes on.
     assert_eq!(c.count_documents(doc! {}).await.unwrap(), 1);
 }
+
+#[tokio::test]
+async fn values_at_value_paths_are_stored_as_tokens_and_queried_through_the_dictionary() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.value_paths = vec!["top_artists".into()];
+    config.tokenize.store_db = db_name("tokv", "store");
+    let proxy = common::start(config).await;
+    let via = common::via_proxy(&proxy)
+        .await
+        .database(&db_name("tokv", "proxy"))
+        .collection::<Document>("users");
+    let twin = common::direct()
+        .await
+        .database(&db_name("tokv", "direct"))
+        .collection::<Document>("users");
+    let artists = [
+        "Taylor Swift",
+        "Kendrick Lamar",
+        "Billie Eilish",
+        "The Weeknd",
+        "Bad Bunny",
+    ];
+    let docs: Vec<Document> = (0..20)
+        .map(|i: usize| doc! {"_id": i as i32, "display_name": format!("u{i}"), "top_artists": [artists[i % 5], artists[(i + 2) % 5]]})
+        .collect();
+    for c in [&via, &twin] {
+        c.drop().await.unwrap();
+        c.insert_many(docs.clone()).await.unwrap();
+        c.update_one(
+            doc! {"_id": 0},
+            doc! {"$push": {"top_artists": "Bad Bunny"}},
+        )
+        .await
+        .unwrap();
+    }
+    for filter in [
+        doc! {"top_artists": "Taylor Swift"},
+        doc! {"top_artists": {"$in": ["Bad Bunny", "The Weeknd"]}},
+        doc! {"top_artists": {"$ne": "Kendrick Lamar"}},
+        doc! {"top_artists": {"$regex": "^b", "$options": "i"}},
+        doc! {"top_artists": {"$all": ["Taylor Swift", "Billie Eilish"]}},
+        doc! {},
+    ] {
+        assert_eq!(
+            common::by_id(&via, filter.clone()).await,
+            common::by_id(&twin, filter.clone()).await,
+            "{filter}"
+        );
+        assert_eq!(
+            via.count_documents(filter.clone()).await.unwrap(),
+            twin.count_documents(filter.clone()).await.unwrap(),
+            "{filter}"
+        );
+    }
+    let mut a = via.distinct("top_artists", doc! {}).await.unwrap();
+    let mut b = twin.distinct("top_artists", doc! {}).await.unwrap();
+    a.sort_by_key(|v| v.to_string());
+    b.sort_by_key(|v| v.to_string());
+    assert_eq!(a, b);
+
+    // Stored as binary value tokens, one byte each here.
+    let stored = common::direct()
+        .await
+        .database(&db_name("tokv", "proxy"))
+        .collection::<Document>("users")
+        .find_one(doc! {"_id": 1})
+        .await
+        .unwrap()
+        .unwrap();
+    let values = stored.values().find_map(|v| v.as_array()).unwrap();
+    assert!(
+        values
+            .iter()
+            .all(|v| matches!(v, Bson::Binary(b) if b.bytes.len() == 1)),
+        "{stored}"
+    );
+
+    // Order-dependent queries on the values are refused by name.
+    let err = via
+        .find(doc! {})
+        .sort(doc! {"top_artists": 1})
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("top_artists"), "{err}");
+    let err = via
+        .find(doc! {"top_artists": {"$gt": "M"}})
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("range") && err.to_string().contains("top_artists"),
+        "{err}"
+    );
+    let err = via
+        .aggregate(vec![doc! {"$unwind": "$top_artists"}])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("$unwind"), "{err}");
+    let err = via
+        .aggregate(vec![
+            doc! {"$group": {"_id": "$top_artists", "n": {"$sum": 1}}},
+        ])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("top_artists"), "{err}");
+}

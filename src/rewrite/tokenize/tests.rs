@@ -13,6 +13,7 @@ use crate::token::Policy;
 struct Dict {
     names: Vec<Arc<str>>,
     tokens: HashMap<String, u32>,
+    values: Vec<Arc<str>>,
 }
 
 impl Dict {
@@ -33,6 +34,22 @@ impl Names for Dict {
     fn name(&self, token: u32) -> Option<Arc<str>> {
         self.names.get(token as usize).cloned()
     }
+    fn value_token(&self, value: &str) -> Option<u32> {
+        self.values
+            .iter()
+            .position(|v| &**v == value)
+            .map(|i| i as u32)
+    }
+    fn value(&self, token: u32) -> Option<Arc<str>> {
+        self.values.get(token as usize).cloned()
+    }
+    fn values(&self) -> Vec<(u32, Arc<str>)> {
+        self.values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as u32, v.clone()))
+            .collect()
+    }
 }
 
 fn policy() -> Policy {
@@ -40,10 +57,61 @@ fn policy() -> Policy {
 }
 
 fn store(doc: &Document, dict: &mut Dict) -> Document {
+    store_with(doc, dict, &policy())
+}
+
+fn store_with(doc: &Document, dict: &mut Dict, policy: &Policy) -> Document {
     let mut names = Vec::new();
-    collect_names(doc, &policy(), &mut names);
+    collect_names(doc, policy, &mut names);
     dict.allocate(&names);
-    document(doc, &mut Vec::new(), &policy(), dict)
+    let mut values = Vec::new();
+    collect_values(doc, policy, &mut values);
+    for v in values {
+        if dict.value_token(&v).is_none() {
+            dict.values.push(Arc::from(v.as_str()));
+        }
+    }
+    document(doc, &mut Vec::new(), policy, dict)
+}
+
+#[test]
+fn values_at_value_paths_become_value_tokens_and_queries_follow() {
+    let policy = policy().with_value_paths(&["top_artists".into()]);
+    let mut dict = Dict::default();
+    let logical =
+        doc! {"_id": 1, "top_artists": ["Taylor Swift", "Bad Bunny"], "other": "Taylor Swift"};
+    let stored = store_with(&logical, &mut dict, &policy);
+    let artists = stored.values().nth(1).unwrap().as_array().unwrap();
+    assert!(matches!(&artists[0], Bson::Binary(b) if b.bytes == vec![0]));
+    assert_eq!(
+        stored.values().nth(2).unwrap(),
+        &Bson::from("Taylor Swift"),
+        "other paths keep their values"
+    );
+    assert_eq!(expand::document(&stored, &dict).unwrap(), logical);
+
+    let f = filter(
+        &doc! {"top_artists": {"$regex": "^bad", "$options": "i"}},
+        &[],
+        &policy,
+        &dict,
+    );
+    let in_list = f
+        .values()
+        .next()
+        .unwrap()
+        .as_document()
+        .unwrap()
+        .get_array("$in")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        in_list.len(),
+        2,
+        "the token of Bad Bunny, and the expression itself: {in_list:?}"
+    );
+    let f = filter(&doc! {"top_artists": "Bad Bunny"}, &[], &policy, &dict);
+    assert!(matches!(f.values().next().unwrap(), Bson::Binary(b) if b.bytes == vec![1]));
 }
 
 #[test]
@@ -117,7 +185,10 @@ fn unknown_tokens_are_reported_for_a_refresh() {
     let stored = doc! {crate::token::namespace::encode(7): 1};
     assert_eq!(
         expand::document(&stored, &dict),
-        Err(expand::Unknown(vec![7]))
+        Err(expand::Unknown {
+            names: vec![7],
+            values: vec![]
+        })
     );
 }
 
