@@ -12,7 +12,7 @@ source scripts/lib.sh
 start_upstream
 echo "upstream: SecantusDB on 127.0.0.1:$UPSTREAM_PORT" >&2
 start_proxy ./target/release/laconic --upstream "mongodb://127.0.0.1:$UPSTREAM_PORT/" --log-level warn \
-  --tokenize-min-len 6 --custom-path custom
+  --tokenize-min-len 6 --custom-path custom --value-path top_artists
 echo "laconic:  $PROXY_ADDR → 127.0.0.1:$UPSTREAM_PORT" >&2
 
 .upstream/venv/bin/python scripts/demo_workload.py "mongodb://$PROXY_ADDR/?retryWrites=false" \

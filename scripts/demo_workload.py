@@ -57,5 +57,19 @@ print(f"profiles with a 'Favorite Player' custom attribute: {player}")
 print(f"logical BSON (what the application sent): {logical:>9,} B  ({logical / N:.0f} B/doc)")
 print(f"stored BSON (what the upstream holds):    {stored:>9,} B  ({stored / N:.0f} B/doc)")
 print(f"bytes saved: {logical - stored:,} B ({100 * (logical - stored) / logical:.1f}%)")
+
+# The same documents written directly, without Laconic, for the storage engine's view.
+plain = direct.laconic_demo.profiles_plain
+plain.drop()
+plain.insert_many(docs)
+try:
+    stats = {name: direct.laconic_demo.command("collStats", name)
+             for name in ("profiles", "profiles_plain")}
+    for field in ("size", "storageSize"):
+        a, b = stats["profiles_plain"].get(field), stats["profiles"].get(field)
+        if a and b:
+            print(f"collStats {field:<11}: {a:>9,} B without Laconic, {b:>9,} B with it ({b / a:.2f}x)")
+except pymongo.errors.OperationFailure as e:
+    print(f"(collStats unavailable: {e})")
 print("a stored document, read directly from the upstream:")
 print(" ", sample)
