@@ -199,7 +199,8 @@ pub fn reply(
                 return Ok(frame);
             }
             let mut body = command::to_document(m.body())?;
-            let mut changed = shard_key::reply(&rules.shard, &mut body);
+            // Tokens first, so that shard-key rules see logical names.
+            let mut changed = false;
             if let (Some(scope), Some(t)) = (&rules.expand, &settings.tokens) {
                 if expand::needed(&body) {
                     let names = ScopeNames {
@@ -214,6 +215,7 @@ pub fn reply(
                     changed = true;
                 }
             }
+            changed |= shard_key::reply(&rules.shard, &mut body);
             if !changed {
                 return Ok(frame);
             }
