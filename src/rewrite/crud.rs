@@ -5,7 +5,7 @@
 use bson::{Bson, Document};
 
 use super::command::Command;
-use super::tokenize::{document, filter, path, paths_document};
+use super::tokenize::{document, filter, logical_parts, path, paths_document};
 use crate::error::ProxyError;
 use crate::token::{Names, Policy};
 
@@ -172,13 +172,7 @@ impl Tok<'_> {
                     };
                     let mut f = Document::new();
                     for (p, v) in fields {
-                        let scope: Vec<String> = p
-                            .split('.')
-                            .filter(|c| {
-                                !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit())
-                            })
-                            .map(str::to_owned)
-                            .collect();
+                        let scope: Vec<String> = logical_parts(p).map(str::to_owned).collect();
                         let v = match (op.as_str(), v) {
                             ("$rename", Bson::String(to)) => {
                                 Bson::String(path(to, &[], self.policy, self.names))
@@ -363,10 +357,7 @@ fn check_filter(f: &Document, policy: &Policy) -> Result<(), ProxyError> {
 }
 
 fn is_value_path(policy: &Policy, p: &str) -> bool {
-    let parts: Vec<&str> = p
-        .split('.')
-        .filter(|c| !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()))
-        .collect();
+    let parts: Vec<&str> = logical_parts(p).collect();
     policy.is_value_path(&parts)
 }
 
@@ -418,7 +409,7 @@ pub struct ToAllocate {
 
 /// The names and values a write needs tokens for, in the order they appear.
 pub fn names_to_allocate(cmd: &Command, policy: &Policy) -> ToAllocate {
-    use super::tokenize::{collect_names, collect_values, collect_values_at};
+    use super::tokenize::{collect_names, collect_names_at, collect_values, collect_values_at};
     let mut out = ToAllocate::default();
     let body = &cmd.body;
     let docs = |key: &str| -> Vec<&Document> {
@@ -433,24 +424,9 @@ pub fn names_to_allocate(cmd: &Command, policy: &Policy) -> ToAllocate {
                     continue;
                 };
                 for (p, v) in fields {
-                    let mut parent: Vec<&str> = Vec::new();
-                    for c in p.split('.') {
-                        if !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()) {
-                            if policy.tokenizes(&parent, c) && !out.names.iter().any(|n| n == c) {
-                                out.names.push(c.to_owned());
-                            }
-                            parent.push(c);
-                        }
-                    }
-                    if let Bson::Document(d) = v {
-                        let mut inner = Vec::new();
-                        collect_names(d, policy, &mut inner);
-                        for n in inner {
-                            if !out.names.contains(&n) {
-                                out.names.push(n);
-                            }
-                        }
-                    }
+                    note(p, policy, &[], &mut out.names);
+                    let mut parent: Vec<&str> = logical_parts(p).collect();
+                    collect_names_at(v, &parent, policy, &mut out.names);
                     collect_values_at(v, policy, &mut parent, &mut out.values);
                 }
             }
@@ -493,10 +469,7 @@ pub fn names_to_resolve(cmd: &Command, policy: &Policy) -> ToAllocate {
 
 fn note(components: &str, policy: &Policy, parent: &[String], out: &mut Vec<String>) {
     let mut scope: Vec<&str> = parent.iter().map(String::as_str).collect();
-    for c in components.split('.') {
-        if c.starts_with('$') || c.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
+    for c in logical_parts(components) {
         if policy.tokenizes(&scope, c) && !out.iter().any(|n| n == c) {
             out.push(c.to_owned());
         }
@@ -510,11 +483,7 @@ fn collect_keys(v: &Bson, policy: &Policy, parent: &mut Vec<String>, out: &mut T
             for (k, v) in d {
                 let depth = parent.len();
                 note(k, policy, parent, &mut out.names);
-                parent.extend(
-                    k.split('.')
-                        .filter(|c| !c.starts_with('$') && !c.bytes().all(|b| b.is_ascii_digit()))
-                        .map(str::to_owned),
-                );
+                parent.extend(logical_parts(k).map(str::to_owned));
                 collect_keys(v, policy, parent, out);
                 parent.truncate(depth);
             }

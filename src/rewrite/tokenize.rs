@@ -22,6 +22,13 @@ pub fn collect_names(doc: &Document, policy: &Policy, out: &mut Vec<String>) {
     collect_in(doc, policy, &mut path, out);
 }
 
+/// The same for a value that lands at the logical path `at` (an update's
+/// `$set: {custom: {…}}`, say).
+pub fn collect_names_at<'a>(v: &'a Bson, at: &[&'a str], policy: &Policy, out: &mut Vec<String>) {
+    let mut path = at.to_vec();
+    collect_value(v, policy, &mut path, out);
+}
+
 fn collect_in<'a>(
     doc: &'a Document,
     policy: &Policy,
@@ -183,13 +190,16 @@ pub fn path(p: &str, parent: &[String], policy: &Policy, names: &dyn Names) -> S
     out.join(".")
 }
 
+/// The components of a path that name fields (positional parts and array
+/// indexes left out): the logical scope the rest of the path lives in.
+pub fn logical_parts(p: &str) -> impl Iterator<Item = &str> {
+    p.split('.')
+        .filter(|c| !is_positional(c) && !c.starts_with('$'))
+}
+
 fn logical(parent: &[String], p: &str) -> Vec<String> {
     let mut v = parent.to_vec();
-    v.extend(
-        p.split('.')
-            .filter(|c| !is_positional(c))
-            .map(str::to_owned),
-    );
+    v.extend(logical_parts(p).map(str::to_owned));
     v
 }
 

@@ -91,6 +91,49 @@ async fn crud_on_a_tokenized_collection_equals_direct_on_an_untokenized_twin() {
 }
 
 #[tokio::test]
+async fn sub_documents_set_by_an_update_are_tokenized_in_their_scope() {
+    let proxy = tokenizing_proxy().await;
+    let via = common::via_proxy(&proxy)
+        .await
+        .database(&db_name("tok", "set"))
+        .collection::<Document>("c");
+    via.drop().await.unwrap();
+    via.insert_one(doc! {"_id": 1, "custom": {"a": 1}})
+        .await
+        .unwrap();
+    via.update_one(
+        doc! {"_id": 1},
+        doc! {"$set": {"custom": {"Newly Named": 2, "b": {"c": 3}}}},
+    )
+    .await
+    .unwrap();
+    let expected = doc! {"_id": 1, "custom": {"Newly Named": 2, "b": {"c": 3}}};
+    assert_eq!(
+        via.find_one(doc! {"custom.Newly Named": 2}).await.unwrap(),
+        Some(expected.clone())
+    );
+    assert_eq!(
+        via.find_one(doc! {"custom.b.c": 3}).await.unwrap(),
+        Some(expected)
+    );
+    let stored = common::direct()
+        .await
+        .database(&db_name("tok", "set"))
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap()
+        .unwrap();
+    let custom = stored.values().nth(1).unwrap().as_document().unwrap();
+    assert!(
+        custom
+            .keys()
+            .all(|k| matches!(decode(k), Some(Stored::Token(_)))),
+        "{stored}"
+    );
+}
+
+#[tokio::test]
 async fn unrewritable_constructs_are_refused_by_name() {
     let proxy = tokenizing_proxy().await;
     let c = common::via_proxy(&proxy)
