@@ -42,6 +42,8 @@ enum BenchCommand {
     Proxy(laconic::bench::BenchArgs),
     /// Model a range-sharded collection fed with different _id schemes.
     Shards(laconic::locality::simulate::Params),
+    /// The cost of tokenizing and expanding a 1 KB document, against a plain copy.
+    Rewrite(laconic::bench::rewrite::RewriteArgs),
 }
 
 #[derive(Subcommand)]
@@ -137,6 +139,10 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Proxy(args)) => {
             init_tracing(LogFormat::Text, "warn");
             runtime.block_on(laconic::bench::run(args))
+        }
+        Command::Bench(BenchCommand::Rewrite(args)) => {
+            laconic::bench::rewrite::run(&args);
+            Ok(())
         }
         Command::Bench(BenchCommand::Shards(params)) => {
             laconic::locality::simulate::run(&params);

@@ -7,6 +7,7 @@
 //! ops/s, p50 and p99 latency, and the ratios to the direct baseline.
 
 mod relay;
+pub mod rewrite;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +38,10 @@ pub struct BenchArgs {
     /// Skip the haproxy relay even if it is installed.
     #[arg(long)]
     pub no_relay: bool,
+    /// Run Laconic with tokenization on: names of at least N bytes become
+    /// tokens (the workload's names are 4–5 bytes long).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub tokenize_min_len: usize,
 }
 
 /// One measured case.
@@ -108,12 +113,14 @@ const PRELOADED: usize = 1000;
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let addr = UpstreamAddr::parse(&args.upstream).map_err(anyhow::Error::msg)?;
     let upstream_host = addr.hosts[0].clone();
-    let proxy = Proxy::start(ProxyConfig {
+    let mut config = ProxyConfig {
         listen: "127.0.0.1:0".into(),
         upstream: args.upstream.clone(),
         ..ProxyConfig::default()
-    })
-    .await?;
+    };
+    config.tokenize.min_len = args.tokenize_min_len;
+    config.tokenize.store_db = "laconic_bench_store".into();
+    let proxy = Proxy::start(config).await?;
     let relay = if args.no_relay {
         None
     } else {
@@ -149,8 +156,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 
     println!(
-        "workload: {:.1} s per case and target in {} rounds; upstream {upstream_host}; proxy {}",
-        args.seconds, args.rounds, proxy.addr
+        "workload: {:.1} s per case and target in {} rounds; upstream {upstream_host}; proxy {}{}",
+        args.seconds,
+        args.rounds,
+        proxy.addr,
+        if args.tokenize_min_len > 0 {
+            format!(" (tokenizing names of {}+ bytes)", args.tokenize_min_len)
+        } else {
+            String::new()
+        }
     );
     println!(
         "{:<26} {:>3} {:<8} {:>10} {:>9} {:>9}",

@@ -325,3 +325,58 @@ impl Names for ScopeNames<'_> {
             .collect()
     }
 }
+
+/// An in-memory dictionary with the same lookups as a store's cache: for
+/// benchmarks, the analyser's projections and tests.
+#[derive(Debug, Default)]
+pub struct Dictionary {
+    names: Vec<Arc<str>>,
+    tokens: HashMap<String, u32>,
+    values: Vec<Arc<str>>,
+    value_tokens: HashMap<String, u32>,
+}
+
+impl Dictionary {
+    /// Gives each new name the next token number.
+    pub fn add_names(&mut self, names: &[String]) {
+        for n in names {
+            if !self.tokens.contains_key(n) {
+                self.tokens.insert(n.clone(), self.names.len() as u32);
+                self.names.push(Arc::from(n.as_str()));
+            }
+        }
+    }
+
+    /// Gives each new value the next value-token number.
+    pub fn add_values(&mut self, values: &[String]) {
+        for v in values {
+            if !self.value_tokens.contains_key(v) {
+                self.value_tokens
+                    .insert(v.clone(), self.values.len() as u32);
+                self.values.push(Arc::from(v.as_str()));
+            }
+        }
+    }
+}
+
+impl Names for Dictionary {
+    fn token(&self, name: &str) -> Option<u32> {
+        self.tokens.get(name).copied()
+    }
+    fn name(&self, token: u32) -> Option<Arc<str>> {
+        self.names.get(token as usize).cloned()
+    }
+    fn value_token(&self, value: &str) -> Option<u32> {
+        self.value_tokens.get(value).copied()
+    }
+    fn value(&self, token: u32) -> Option<Arc<str>> {
+        self.values.get(token as usize).cloned()
+    }
+    fn values(&self) -> Vec<(u32, Arc<str>)> {
+        self.values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as u32, v.clone()))
+            .collect()
+    }
+}

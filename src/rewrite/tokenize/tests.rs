@@ -1,6 +1,3 @@
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use bson::{doc, Bson, Document};
 use proptest::prelude::*;
 
@@ -8,49 +5,7 @@ use super::*;
 use crate::rewrite::expand;
 use crate::token::Policy;
 
-/// An in-memory dictionary standing in for the store's cache.
-#[derive(Default)]
-struct Dict {
-    names: Vec<Arc<str>>,
-    tokens: HashMap<String, u32>,
-    values: Vec<Arc<str>>,
-}
-
-impl Dict {
-    fn allocate(&mut self, names: &[String]) {
-        for n in names {
-            if !self.tokens.contains_key(n) {
-                self.tokens.insert(n.clone(), self.names.len() as u32);
-                self.names.push(Arc::from(n.as_str()));
-            }
-        }
-    }
-}
-
-impl Names for Dict {
-    fn token(&self, name: &str) -> Option<u32> {
-        self.tokens.get(name).copied()
-    }
-    fn name(&self, token: u32) -> Option<Arc<str>> {
-        self.names.get(token as usize).cloned()
-    }
-    fn value_token(&self, value: &str) -> Option<u32> {
-        self.values
-            .iter()
-            .position(|v| &**v == value)
-            .map(|i| i as u32)
-    }
-    fn value(&self, token: u32) -> Option<Arc<str>> {
-        self.values.get(token as usize).cloned()
-    }
-    fn values(&self) -> Vec<(u32, Arc<str>)> {
-        self.values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (i as u32, v.clone()))
-            .collect()
-    }
-}
+type Dict = crate::token::Dictionary;
 
 fn policy() -> Policy {
     Policy::new(6, &["custom".into()], "laconic")
@@ -63,14 +18,10 @@ fn store(doc: &Document, dict: &mut Dict) -> Document {
 fn store_with(doc: &Document, dict: &mut Dict, policy: &Policy) -> Document {
     let mut names = Vec::new();
     collect_names(doc, policy, &mut names);
-    dict.allocate(&names);
+    dict.add_names(&names);
     let mut values = Vec::new();
     collect_values(doc, policy, &mut values);
-    for v in values {
-        if dict.value_token(&v).is_none() {
-            dict.values.push(Arc::from(v.as_str()));
-        }
-    }
+    dict.add_values(&values);
     document(doc, &mut Vec::new(), policy, dict)
 }
 

@@ -1,0 +1,117 @@
+//! `laconic bench rewrite`: the cost of tokenizing and expanding documents,
+//! against a plain copy of the same raw BSON, in one run on one core.
+
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document, RawDocumentBuf};
+
+use crate::rewrite::{expand, tokenize};
+use crate::token::{Dictionary, Policy};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct RewriteArgs {
+    /// Seconds each measurement runs for.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+}
+
+/// A document of about 1 KB: a user profile with custom attributes.
+pub fn sample_document() -> Document {
+    let mut custom = Document::new();
+    for i in 0..20 {
+        custom.insert(format!("Custom Attribute Number {i:02}"), i);
+    }
+    doc! {
+        "_id": 42,
+        "first_name": "Jonathan",
+        "last_name": "Hyman",
+        "email_address": "jon@example.com",
+        "custom": custom,
+        "top_artists": ["Taylor Swift", "Kendrick Lamar", "Billie Eilish"],
+        "purchase_history": [{"product_category": "books", "amount_spent": 12.5}, {"product_category": "music", "amount_spent": 9.99}],
+        "notes": "x".repeat(300),
+    }
+}
+
+fn rate(bytes: usize, runs: usize, elapsed: Duration) -> (f64, f64) {
+    let secs = elapsed.as_secs_f64();
+    (
+        bytes as f64 * runs as f64 / secs / 1e6,
+        secs * 1e9 / runs as f64,
+    )
+}
+
+fn time<F: FnMut()>(length: Duration, mut f: F) -> (usize, Duration) {
+    let start = Instant::now();
+    let mut runs = 0;
+    while start.elapsed() < length {
+        for _ in 0..64 {
+            f();
+        }
+        runs += 64;
+    }
+    (runs, start.elapsed())
+}
+
+pub fn run(args: &RewriteArgs) {
+    let logical = sample_document();
+    let policy =
+        Policy::new(8, &["custom".into()], "laconic").with_value_paths(&["top_artists".into()]);
+    let mut dict = Dictionary::default();
+    let mut names = Vec::new();
+    tokenize::collect_names(&logical, &policy, &mut names);
+    dict.add_names(&names);
+    let mut values = Vec::new();
+    tokenize::collect_values(&logical, &policy, &mut values);
+    dict.add_values(&values);
+
+    let raw = RawDocumentBuf::from_document(&logical).unwrap_or_default();
+    let size = raw.as_bytes().len();
+    let stored = tokenize::document(&logical, &mut Vec::new(), &policy, &dict);
+    let stored_raw = RawDocumentBuf::from_document(&stored).unwrap_or_default();
+    let length = Duration::from_secs_f64(args.seconds);
+
+    // Baseline: what any proxy does with a document it does not change.
+    let (copy_runs, copy_time) = time(length, || {
+        let copy = raw.as_bytes().to_vec();
+        std::hint::black_box(copy);
+    });
+    // Parsing and serializing alone, for reference.
+    let (conv_runs, conv_time) = time(length, || {
+        let d = Document::try_from(raw.as_ref()).unwrap_or_default();
+        std::hint::black_box(RawDocumentBuf::from_document(&d).ok());
+    });
+    // Tokenize: raw bytes in, raw bytes out, as the proxy does.
+    let (tok_runs, tok_time) = time(length, || {
+        let d = Document::try_from(raw.as_ref()).unwrap_or_default();
+        let t = tokenize::document(&d, &mut Vec::new(), &policy, &dict);
+        std::hint::black_box(RawDocumentBuf::from_document(&t).ok());
+    });
+    let (exp_runs, exp_time) = time(length, || {
+        let d = Document::try_from(stored_raw.as_ref()).unwrap_or_default();
+        let e = expand::document(&d, &dict).unwrap_or_default();
+        std::hint::black_box(RawDocumentBuf::from_document(&e).ok());
+    });
+
+    println!(
+        "document: {size} B logical, {} B stored ({:.0}% smaller)",
+        stored_raw.as_bytes().len(),
+        100.0 * (1.0 - stored_raw.as_bytes().len() as f64 / size as f64)
+    );
+    println!("{:<28} {:>10} {:>12}", "operation", "MB/s", "ns per doc");
+    let rows = [
+        ("raw BSON copy (baseline)", rate(size, copy_runs, copy_time)),
+        ("raw → Document → raw", rate(size, conv_runs, conv_time)),
+        ("tokenize (raw → raw)", rate(size, tok_runs, tok_time)),
+        ("expand (raw → raw)", rate(size, exp_runs, exp_time)),
+    ];
+    for (name, (mbs, ns)) in rows {
+        println!("{name:<28} {mbs:>10.0} {ns:>12.0}");
+    }
+    let round_trip_ns = rows[2].1 .1 + rows[3].1 .1;
+    println!(
+        "tokenize + expand: {:.0} MB/s of logical documents; {:.1}x the time of the copy",
+        size as f64 / round_trip_ns * 1e3,
+        round_trip_ns / rows[0].1 .1
+    );
+}
