@@ -117,3 +117,154 @@ fn expand_value(v: &Bson, names: &dyn Names, unknown: &mut Unknown) -> Bson {
         other => other.clone(),
     }
 }
+
+// === Raw bytes in, raw bytes out ===
+//
+// The same expansion without building owned documents: keys are replaced as
+// the bytes are copied, values are copied as they are (or, for a value
+// token, written as the string it stands for). Replies take this path.
+
+use bson::{RawBsonRef, RawDocument, RawDocumentBuf};
+
+/// Whether anything in a raw reply needs expanding, without allocating.
+pub fn needed_raw(doc: &RawDocument) -> bool {
+    doc.iter().any(|e| match e {
+        Ok((k, v)) => key_needed(k) || raw_value_needed(v),
+        Err(_) => false,
+    })
+}
+
+fn raw_value_needed(v: RawBsonRef<'_>) -> bool {
+    match v {
+        RawBsonRef::Binary(b) => b.subtype == BinarySubtype::UserDefined(VALUE_SUBTYPE),
+        RawBsonRef::Document(d) => needed_raw(d),
+        RawBsonRef::Array(a) => RawDocument::from_bytes(a.as_bytes()).is_ok_and(needed_raw),
+        _ => false,
+    }
+}
+
+/// Expands a raw reply; fails with the tokens the cache lacks.
+pub fn raw_document(doc: &RawDocument, names: &dyn Names) -> Result<RawDocumentBuf, Unknown> {
+    let mut unknown = Unknown::default();
+    let mut out = Vec::with_capacity(doc.as_bytes().len() * 2);
+    // Malformed input cannot come from a server's reply that parsed; if it
+    // does, the reply is left for the caller to forward unchanged.
+    if write_doc(doc, false, names, &mut unknown, &mut out).is_err() {
+        return Ok(doc.to_owned());
+    }
+    if !unknown.names.is_empty() || !unknown.values.is_empty() {
+        for l in [&mut unknown.names, &mut unknown.values] {
+            l.sort_unstable();
+            l.dedup();
+        }
+        return Err(unknown);
+    }
+    Ok(RawDocumentBuf::from_bytes(out).unwrap_or_else(|_| doc.to_owned()))
+}
+
+fn write_doc(
+    doc: &RawDocument,
+    is_array: bool,
+    names: &dyn Names,
+    unknown: &mut Unknown,
+    out: &mut Vec<u8>,
+) -> Result<(), bson::raw::Error> {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    for element in doc {
+        let (k, v) = element?;
+        let k = if is_array {
+            Cow::Borrowed(k)
+        } else {
+            key(k, names, &mut unknown.names)
+        };
+        match v {
+            RawBsonRef::Document(d) => {
+                element_header(out, 0x03, &k);
+                write_doc(d, false, names, unknown, out)?;
+            }
+            RawBsonRef::Array(a) => {
+                element_header(out, 0x04, &k);
+                write_doc(
+                    RawDocument::from_bytes(a.as_bytes())?,
+                    true,
+                    names,
+                    unknown,
+                    out,
+                )?;
+            }
+            RawBsonRef::Binary(b) if b.subtype == BinarySubtype::UserDefined(VALUE_SUBTYPE) => {
+                match value_number(b.bytes).map(|n| (n, names.value(n))) {
+                    Some((_, Some(value))) => {
+                        element_header(out, 0x02, &k);
+                        out.extend_from_slice(&(value.len() as i32 + 1).to_le_bytes());
+                        out.extend_from_slice(value.as_bytes());
+                        out.push(0);
+                    }
+                    other => {
+                        if let Some((n, None)) = other {
+                            unknown.values.push(n);
+                        }
+                        write_scalar(out, &k, v);
+                    }
+                }
+            }
+            v => write_scalar(out, &k, v),
+        }
+    }
+    out.push(0);
+    let len = (out.len() - start) as i32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    Ok(())
+}
+
+fn element_header(out: &mut Vec<u8>, kind: u8, key: &str) {
+    out.push(kind);
+    out.extend_from_slice(key.as_bytes());
+    out.push(0);
+}
+
+/// Copies one scalar element: the common types directly, the rest through
+/// the bson crate's own writer.
+fn write_scalar(out: &mut Vec<u8>, key: &str, v: RawBsonRef<'_>) {
+    match v {
+        RawBsonRef::Int32(i) => {
+            element_header(out, 0x10, key);
+            out.extend_from_slice(&i.to_le_bytes());
+        }
+        RawBsonRef::Int64(i) => {
+            element_header(out, 0x12, key);
+            out.extend_from_slice(&i.to_le_bytes());
+        }
+        RawBsonRef::Double(d) => {
+            element_header(out, 0x01, key);
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        RawBsonRef::String(s) => {
+            element_header(out, 0x02, key);
+            out.extend_from_slice(&(s.len() as i32 + 1).to_le_bytes());
+            out.extend_from_slice(s.as_bytes());
+            out.push(0);
+        }
+        RawBsonRef::Boolean(b) => {
+            element_header(out, 0x08, key);
+            out.push(u8::from(b));
+        }
+        RawBsonRef::Null => element_header(out, 0x0A, key),
+        RawBsonRef::ObjectId(oid) => {
+            element_header(out, 0x07, key);
+            out.extend_from_slice(&oid.bytes());
+        }
+        RawBsonRef::DateTime(dt) => {
+            element_header(out, 0x09, key);
+            out.extend_from_slice(&dt.timestamp_millis().to_le_bytes());
+        }
+        other => {
+            let mut one = RawDocumentBuf::new();
+            one.append_ref(key, other);
+            let bytes = one.as_bytes();
+            // Drop the document's length prefix and final NUL: one element remains.
+            out.extend_from_slice(&bytes[4..bytes.len() - 1]);
+        }
+    }
+}

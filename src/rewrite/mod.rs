@@ -193,34 +193,38 @@ pub fn reply(
             let Message::Msg(m) = frame.message() else {
                 return Ok(frame);
             };
-            let restore =
-                rules.shard.restore && shard_key::may_hold_stored_values(m.body().as_bytes());
-            if !restore && rules.shard.hide.is_none() && rules.expand.is_none() {
-                return Ok(frame);
-            }
-            let mut body = command::to_document(m.body())?;
-            // Tokens first, so that shard-key rules see logical names.
-            let mut changed = false;
+            // Tokens first, raw bytes to raw bytes, so that shard-key rules
+            // see logical names.
+            let mut body: Option<bson::RawDocumentBuf> = None;
             if let (Some(scope), Some(t)) = (&rules.expand, &settings.tokens) {
-                if expand::needed(&body) {
+                if expand::needed_raw(m.body()) {
                     let names = ScopeNames {
                         store: &t.store,
                         scope,
                     };
-                    body =
-                        expand::document(&body, &names).map_err(|u| ProxyError::UnknownTokens {
+                    let expanded = expand::raw_document(m.body(), &names).map_err(|u| {
+                        ProxyError::UnknownTokens {
                             scope: scope.clone(),
                             tokens: u.names.into_iter().chain(u.values).collect(),
-                        })?;
-                    changed = true;
+                        }
+                    })?;
+                    body = Some(expanded);
                 }
             }
-            changed |= shard_key::reply(&rules.shard, &mut body);
-            if !changed {
-                return Ok(frame);
+            let current = body.as_deref().unwrap_or(m.body());
+            let restore =
+                rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
+            if restore || rules.shard.hide.is_some() {
+                let mut doc = command::to_document(current)?;
+                if shard_key::reply(&rules.shard, &mut doc) {
+                    body = Some(command::to_raw(&doc)?);
+                }
             }
+            let Some(body) = body else {
+                return Ok(frame);
+            };
             let mut m = m.clone();
-            m.set_body(command::to_raw(&body)?);
+            m.set_body(body);
             Ok(frame.with_message(Message::Msg(m)))
         }
     }

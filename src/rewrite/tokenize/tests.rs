@@ -177,3 +177,31 @@ proptest! {
         prop_assert_eq!(expand::document(&stored, &dict).unwrap(), doc);
     }
 }
+
+proptest! {
+    #[test]
+    fn raw_expansion_agrees_with_owned_expansion(doc in arb_doc()) {
+        let mut dict = Dict::default();
+        let stored = store(&doc, &mut dict);
+        let raw = bson::RawDocumentBuf::from_document(&stored).unwrap();
+        let expanded = expand::raw_document(&raw, &dict).unwrap();
+        prop_assert_eq!(Document::try_from(expanded.as_ref()).unwrap(), doc);
+        prop_assert_eq!(expand::needed_raw(&raw), expand::needed(&stored));
+    }
+}
+
+#[test]
+fn raw_expansion_keeps_every_value_type() {
+    let mut dict = Dict::default();
+    let doc = doc! {
+        "a_long_name": {"$numberDecimal": "1"}, "ts": bson::Timestamp { time: 1, increment: 2 },
+        "regular": bson::Regex { pattern: "a.b".into(), options: "i".into() },
+        "binary_data": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![1, 2] },
+        "when_it_was": bson::DateTime::from_millis(5), "oid_value": bson::oid::ObjectId::new(),
+        "decimal_value": bson::Decimal128::from_bytes([3; 16]), "min": bson::Bson::MinKey, "code": bson::Bson::JavaScriptCode("x".into()),
+    };
+    let stored = store(&doc, &mut dict);
+    let raw = bson::RawDocumentBuf::from_document(&stored).unwrap();
+    let expanded = expand::raw_document(&raw, &dict).unwrap();
+    assert_eq!(Document::try_from(expanded.as_ref()).unwrap(), doc);
+}
