@@ -40,6 +40,9 @@ pub enum ProxyError {
     /// A reply holds tokens the name store does not know, even after a reload.
     #[error("the reply holds tokens unknown to the name store of {scope}: {tokens:?}")]
     UnknownTokens { scope: String, tokens: Vec<u32> },
+    /// A reply that expansion would make larger than a message may be.
+    #[error("the reply would be {0} bytes with logical names, over the 48,000,000-byte message limit; use a smaller batchSize")]
+    ReplyTooLarge(usize),
     /// A request the proxy cannot forward faithfully.
     #[error("{0}")]
     Unsupported(String),
@@ -56,6 +59,7 @@ impl ProxyError {
             ProxyError::UnsupportedOpQuery(_) | ProxyError::Unsupported(_) => Side::Downstream,
             ProxyError::NameStore(_) => Side::Upstream,
             ProxyError::UnknownTokens { .. } => Side::Internal,
+            ProxyError::ReplyTooLarge(_) => Side::Upstream,
             ProxyError::Internal(_) => Side::Internal,
         }
     }
@@ -72,6 +76,7 @@ impl ProxyError {
             ProxyError::Unsupported(_) => (115, "CommandNotSupported"),
             ProxyError::NameStore(_) => (6, "HostUnreachable"),
             ProxyError::UnknownTokens { .. } => (1, "InternalError"),
+            ProxyError::ReplyTooLarge(_) => (10334, "BSONObjectTooLarge"),
             ProxyError::Internal(_) => (1, "InternalError"),
         }
     }
@@ -84,6 +89,7 @@ impl ProxyError {
                 | ProxyError::Unsupported(_)
                 | ProxyError::NameStore(_)
                 | ProxyError::UnknownTokens { .. }
+                | ProxyError::ReplyTooLarge(_)
         )
     }
 }

@@ -223,6 +223,12 @@ pub fn reply(
             let Some(body) = body else {
                 return Ok(frame);
             };
+            // Expansion makes replies larger; a driver closes the connection
+            // on a message over maxMessageSizeBytes. Never send one.
+            let grown = m.encoded_len() - m.body().as_bytes().len() + body.as_bytes().len();
+            if grown > crate::wire::MAX_MESSAGE_SIZE {
+                return Err(ProxyError::ReplyTooLarge(grown));
+            }
             let mut m = m.clone();
             m.set_body(body);
             Ok(frame.with_message(Message::Msg(m)))

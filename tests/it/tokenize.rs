@@ -313,3 +313,58 @@ async fn seed_002_metrics_document_is_stored_in_at_most_1200_bytes() {
     assert!(size <= 1200, "stored {size} B");
     eprintln!("seed 002 metrics document: logical 1543 B, stored {size} B");
 }
+
+/// Expansion makes replies larger. A batch that would pass the 48 MB message
+/// limit with logical names is answered with an error, never sent oversized;
+/// smaller batches read the same documents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_would_exceed_the_message_limit_is_refused_not_sent() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 100;
+    config.tokenize.store_db = db_name("tokbig", "store");
+    let proxy = common::start(config).await;
+    let c = common::via_proxy(&proxy)
+        .await
+        .database(&db_name("tokbig", "proxy"))
+        .collection::<Document>("c");
+    c.drop().await.unwrap();
+    // 60 documents of 1,000 keys of 1,000 bytes: 60 MB with names, about 0.6 MB stored.
+    let names: Vec<String> = (0..1000)
+        .map(|i| format!("{i:04}{}", "n".repeat(996)))
+        .collect();
+    let doc_for = |d: i32| {
+        let mut doc = doc! {"_id": d};
+        for n in &names {
+            doc.insert(n.clone(), d);
+        }
+        doc
+    };
+    for chunk in (0..60).collect::<Vec<i32>>().chunks(20) {
+        c.insert_many(chunk.iter().map(|&d| doc_for(d)))
+            .await
+            .unwrap();
+    }
+    let err = c.find(doc! {}).batch_size(60).await.unwrap_err();
+    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
+        panic!("{err}")
+    };
+    assert_eq!(
+        (e.code, e.code_name.as_str()),
+        (10334, "BSONObjectTooLarge")
+    );
+    assert!(e.message.contains("batchSize"), "{}", e.message);
+    // The connection is fine, and smaller batches read everything back.
+    let mut cursor = c
+        .find(doc! {})
+        .sort(doc! {"_id": 1})
+        .batch_size(10)
+        .await
+        .unwrap();
+    let mut n = 0;
+    while cursor.advance().await.unwrap() {
+        let d = cursor.deserialize_current().unwrap();
+        assert_eq!(d, doc_for(n));
+        n += 1;
+    }
+    assert_eq!(n, 60);
+}
