@@ -225,13 +225,14 @@ impl Session {
         let Message::Msg(m) = request.frame.message() else {
             return Ok(());
         };
-        let Some(db) = rewrite::tokenized_db(m, &self.ctx.rewrite) else {
+        let Some(db) = rewrite::token_scope(m, &self.ctx.rewrite)? else {
             return Ok(());
         };
+        let db = db.as_str();
         let cmd = rewrite::Command::from_msg(m)?;
         let store_error = |e: crate::token::StoreError| ProxyError::NameStore(e.to_string());
         let values_scope = crate::token::value_scope(db);
-        let allocate = rewrite::crud::names_to_allocate(&cmd, &t.policy);
+        let allocate = rewrite::crud::names_to_allocate(&cmd, db, &t.policy);
         for (scope, list) in [
             (db, &allocate.names),
             (values_scope.as_str(), &allocate.values),

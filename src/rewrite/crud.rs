@@ -9,15 +9,70 @@ use super::tokenize::{document, filter, logical_parts, path, paths_document};
 use crate::error::ProxyError;
 use crate::token::{Names, Policy};
 
-/// Tokenizes `cmd` (addressed to a tokenized database) in place.
-pub fn command(cmd: &mut Command, policy: &Policy, names: &dyn Names) -> Result<(), ProxyError> {
+/// Tokenizes `cmd` in place with the dictionary of the database `scope`.
+pub fn command(
+    cmd: &mut Command,
+    scope: &str,
+    policy: &Policy,
+    names: &dyn Names,
+) -> Result<(), ProxyError> {
     let name = cmd.name().to_owned();
-    tokenize_command(&name, &mut cmd.body, policy, names)
+    tokenize_command(&name, &mut cmd.body, scope, policy, names)
+}
+
+/// The namespace of each `nsInfo` entry of a bulkWrite, by index.
+pub fn bulk_write_namespaces(cmd: &Command) -> Vec<String> {
+    namespaces_of(&cmd.body)
+}
+
+fn namespaces_of(body: &Document) -> Vec<String> {
+    body.get_array("nsInfo")
+        .map(|a| {
+            a.iter()
+                .map(|ns| {
+                    ns.as_document()
+                        .and_then(|d| d.get_str("ns").ok())
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Each bulkWrite op whose namespace lies in the database `scope`, with its kind.
+fn bulk_ops_in<'a>(
+    body: &'a Document,
+    namespaces: &[String],
+    scope: &str,
+) -> Vec<(String, &'a Document)> {
+    body.get_array("ops")
+        .map(|ops| {
+            ops.iter()
+                .filter_map(Bson::as_document)
+                .filter(|op| op_in_scope(op, namespaces, scope))
+                .filter_map(|op| op.keys().next().map(|k| (k.clone(), op)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether a bulkWrite op (`{insert|update|delete: <nsInfo index>, …}`)
+/// addresses a namespace in the database `scope`.
+fn op_in_scope(op: &Document, namespaces: &[String], scope: &str) -> bool {
+    op.values()
+        .next()
+        .and_then(|v| v.as_i32().map(i64::from).or(v.as_i64()))
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| namespaces.get(i))
+        .and_then(|ns| ns.split_once('.'))
+        .is_some_and(|(db, _)| db == scope)
 }
 
 fn tokenize_command(
     name: &str,
     body: &mut Document,
+    scope: &str,
     policy: &Policy,
     names: &dyn Names,
 ) -> Result<(), ProxyError> {
@@ -69,13 +124,13 @@ fn tokenize_command(
         "explain" => {
             if let Some(Bson::Document(inner)) = body.get_mut("explain") {
                 let inner_name = inner.keys().next().cloned().unwrap_or_default();
-                tokenize_command(&inner_name, inner, policy, names)?;
+                tokenize_command(&inner_name, inner, scope, policy, names)?;
             }
         }
         "mapReduce" | "mapreduce" => {
             return Err(refuse("mapReduce (JavaScript reads field names)"))
         }
-        "bulkWrite" => return Err(refuse("bulkWrite on a tokenized database")),
+        "bulkWrite" => t.bulk_write(body, scope)?,
         "create" | "collMod" if body.contains_key("validator") || body.contains_key("pipeline") => {
             return Err(refuse(
                 "a validator or view pipeline on a tokenized database",
@@ -138,6 +193,40 @@ impl Tok<'_> {
                 return Err(ProxyError::Unsupported(format!(
                     "a sort on the tokenized value path {p} cannot be kept correct: tokenized values keep no order"
                 )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A bulkWrite: each op under its own namespace; only the ops in the
+    /// tokenized database `scope` are rewritten.
+    fn bulk_write(&self, body: &mut Document, scope: &str) -> Result<(), ProxyError> {
+        let namespaces = namespaces_of(body);
+        let Ok(ops) = body.get_array_mut("ops") else {
+            return Ok(());
+        };
+        for op in ops.iter_mut() {
+            let Bson::Document(op) = op else { continue };
+            if !op_in_scope(op, &namespaces, scope) {
+                continue;
+            }
+            let kind = op.keys().next().cloned().unwrap_or_default();
+            match kind.as_str() {
+                "insert" => {
+                    if let Ok(d) = op.get_document("document") {
+                        let d = self.doc(d);
+                        op.insert("document", d);
+                    }
+                }
+                "update" => {
+                    self.write_op(op, "filter", "updateMods")?;
+                    self.paths_at(op, "sort");
+                }
+                "delete" => {
+                    self.filter_at(op, "filter")?;
+                    self.hint(op);
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -408,7 +497,7 @@ pub struct ToAllocate {
 }
 
 /// The names and values a write needs tokens for, in the order they appear.
-pub fn names_to_allocate(cmd: &Command, policy: &Policy) -> ToAllocate {
+pub fn names_to_allocate(cmd: &Command, scope: &str, policy: &Policy) -> ToAllocate {
     use super::tokenize::{collect_names, collect_names_at, collect_values, collect_values_at};
     let mut out = ToAllocate::default();
     let body = &cmd.body;
@@ -448,6 +537,21 @@ pub fn names_to_allocate(cmd: &Command, policy: &Policy) -> ToAllocate {
             .into_iter()
             .for_each(|u| update(u.get("u"), &mut out)),
         "findAndModify" | "findandmodify" => update(body.get("update"), &mut out),
+        "bulkWrite" => {
+            let namespaces = bulk_write_namespaces(cmd);
+            for (kind, op) in bulk_ops_in(body, &namespaces, scope) {
+                match kind.as_str() {
+                    "insert" => {
+                        if let Ok(d) = op.get_document("document") {
+                            collect_names(d, policy, &mut out.names);
+                            collect_values(d, policy, &mut out.values);
+                        }
+                    }
+                    "update" => update(op.get("updateMods"), &mut out),
+                    _ => {}
+                }
+            }
+        }
         _ => {}
     }
     out

@@ -102,13 +102,40 @@ pub fn request(
     }
 }
 
-/// The database a command's names belong to, if it is tokenized.
-pub fn tokenized_db<'a>(m: &'a OpMsg, settings: &Settings) -> Option<&'a str> {
-    let t = settings.tokens.as_ref()?;
-    m.body()
-        .get_str("$db")
-        .ok()
+/// The tokenized database whose dictionary a command's names belong to:
+/// its `$db`, or for `bulkWrite` (sent to admin) the database of its
+/// namespaces. A bulkWrite spanning two tokenized databases is refused.
+pub fn token_scope(m: &OpMsg, settings: &Settings) -> Result<Option<String>, ProxyError> {
+    let Some(t) = settings.tokens.as_ref() else {
+        return Ok(None);
+    };
+    let body = m.body();
+    let is_bulk = body
+        .iter()
+        .next()
+        .is_some_and(|e| e.is_ok_and(|(k, _)| k == "bulkWrite"));
+    if !is_bulk {
+        return Ok(body
+            .get_str("$db")
+            .ok()
+            .filter(|db| t.policy.applies_to(db))
+            .map(str::to_owned));
+    }
+    let cmd = Command::from_msg(m)?;
+    let mut dbs: Vec<String> = crud::bulk_write_namespaces(&cmd)
+        .into_iter()
+        .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
         .filter(|db| t.policy.applies_to(db))
+        .collect();
+    dbs.sort();
+    dbs.dedup();
+    match dbs.len() {
+        0 | 1 => Ok(dbs.pop()),
+        _ => Err(ProxyError::Unsupported(format!(
+            "a bulkWrite across the tokenized databases {} cannot be rewritten: send one per database",
+            dbs.join(", ")
+        ))),
+    }
 }
 
 fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewritten, ProxyError> {
@@ -121,12 +148,8 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
     };
     let db = body.get_str("$db").ok();
     let tokens = settings.tokens.as_ref();
-    let scope = tokenized_db(m, settings);
-    if name == "bulkWrite" {
-        if let Some(t) = tokens {
-            refuse_tokenized_bulk_write(m, t)?;
-        }
-    }
+    let scope = token_scope(m, settings)?;
+    let scope = scope.as_deref();
     let concerns = !keys.is_empty() && keys.concerns(name, collection, db);
     let mut rules = ReplyRules {
         shard: ReplyNeeds {
@@ -152,31 +175,13 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
             store: &t.store,
             scope,
         };
-        crud::command(&mut cmd, &t.policy, &names)?;
+        crud::command(&mut cmd, scope, &t.policy, &names)?;
     }
     let msg = cmd.into_msg(m)?;
     Ok(Rewritten {
         frame: Some(frame.clone().with_message(Message::Msg(msg))),
         plan: ReplyPlan::Rewrite(rules),
     })
-}
-
-fn refuse_tokenized_bulk_write(m: &OpMsg, t: &Tokens) -> Result<(), ProxyError> {
-    let cmd = Command::from_msg(m)?;
-    let tokenized = cmd.body.get_array("nsInfo").is_ok_and(|a| {
-        a.iter()
-            .filter_map(|ns| ns.as_document()?.get_str("ns").ok())
-            .any(|ns| {
-                ns.split_once('.')
-                    .is_some_and(|(db, _)| t.policy.applies_to(db))
-            })
-    });
-    if tokenized {
-        return Err(ProxyError::Unsupported(
-            "bulkWrite on a tokenized database cannot be rewritten to tokenized names yet".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// Rewrites one decompressed reply according to its request's plan.

@@ -368,3 +368,97 @@ async fn a_reply_that_would_exceed_the_message_limit_is_refused_not_sent() {
     }
     assert_eq!(n, 60);
 }
+
+#[tokio::test]
+async fn bulk_write_ops_are_tokenized_under_their_namespace() {
+    use mongodb::options::{DeleteOneModel, InsertOneModel, UpdateOneModel, WriteModel};
+    let proxy = tokenizing_proxy().await;
+    let run = |client: mongodb::Client, db: String| async move {
+        let c = client.database(&db).collection::<Document>("c");
+        c.drop().await.unwrap();
+        let ns = c.namespace();
+        let models = vec![
+            WriteModel::InsertOne(
+                InsertOneModel::builder()
+                    .namespace(ns.clone())
+                    .document(doc! {"_id": 1, "long_field": 1, "custom": {"k": "v"}})
+                    .build(),
+            ),
+            WriteModel::InsertOne(
+                InsertOneModel::builder()
+                    .namespace(ns.clone())
+                    .document(doc! {"_id": 2, "long_field": 2})
+                    .build(),
+            ),
+            WriteModel::UpdateOne(
+                UpdateOneModel::builder()
+                    .namespace(ns.clone())
+                    .filter(doc! {"long_field": 1})
+                    .update(doc! {"$set": {"another_long": true, "custom.k2": 3}})
+                    .build(),
+            ),
+            WriteModel::DeleteOne(
+                DeleteOneModel::builder()
+                    .namespace(ns.clone())
+                    .filter(doc! {"long_field": 2})
+                    .build(),
+            ),
+        ];
+        let r = client.bulk_write(models).await.unwrap();
+        (
+            r.inserted_count,
+            r.matched_count,
+            r.modified_count,
+            r.deleted_count,
+            common::by_id(&c, doc! {}).await,
+        )
+    };
+    let via = run(common::via_proxy(&proxy).await, db_name("tokbw", "proxy")).await;
+    let direct = run(common::direct().await, db_name("tokbw", "direct")).await;
+    assert_eq!(via, direct);
+    assert_eq!(
+        via.4,
+        vec![doc! {"_id": 1, "long_field": 1, "custom": {"k": "v", "k2": 3}, "another_long": true}]
+    );
+    let stored = common::direct()
+        .await
+        .database(&db_name("tokbw", "proxy"))
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!stored.contains_key("long_field"), "{stored}");
+
+    // One bulkWrite across two tokenized databases is refused (each has its own dictionary).
+    let client = common::via_proxy(&proxy).await;
+    let a = client
+        .database(&db_name("tokbw", "a"))
+        .collection::<Document>("c")
+        .namespace();
+    let b = client
+        .database(&db_name("tokbw", "b"))
+        .collection::<Document>("c")
+        .namespace();
+    let err = client
+        .bulk_write(vec![
+            WriteModel::InsertOne(
+                InsertOneModel::builder()
+                    .namespace(a)
+                    .document(doc! {"long_field": 1})
+                    .build(),
+            ),
+            WriteModel::InsertOne(
+                InsertOneModel::builder()
+                    .namespace(b)
+                    .document(doc! {"long_field": 1})
+                    .build(),
+            ),
+        ])
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("across the tokenized databases"),
+        "{err}"
+    );
+}
