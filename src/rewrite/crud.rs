@@ -537,6 +537,29 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policy: &Policy) -> ToAlloc
             .into_iter()
             .for_each(|u| update(u.get("u"), &mut out)),
         "findAndModify" | "findandmodify" => update(body.get("update"), &mut out),
+        // An index names the fields documents will be stored with: its key
+        // paths need their tokens now, or it would index the long names.
+        "createIndexes" => {
+            for ix in docs("indexes") {
+                for k in ["key", "wildcardProjection", "weights"] {
+                    if let Ok(pattern) = ix.get_document(k) {
+                        for p in pattern.keys() {
+                            note(p, policy, &[], &mut out.names);
+                        }
+                    }
+                }
+                if let Ok(f) = ix.get_document("partialFilterExpression") {
+                    let mut parent = Vec::new();
+                    let mut found = ToAllocate::default();
+                    collect_keys(&Bson::Document(f.clone()), policy, &mut parent, &mut found);
+                    for n in found.names {
+                        if !out.names.contains(&n) {
+                            out.names.push(n);
+                        }
+                    }
+                }
+            }
+        }
         "bulkWrite" => {
             let namespaces = bulk_write_namespaces(cmd);
             for (kind, op) in bulk_ops_in(body, &namespaces, scope) {

@@ -129,6 +129,7 @@ use bson::{RawBsonRef, RawDocument, RawDocumentBuf};
 /// Whether anything in a raw reply needs expanding, without allocating.
 pub fn needed_raw(doc: &RawDocument) -> bool {
     doc.iter().any(|e| match e {
+        Ok(("errmsg", RawBsonRef::String(text))) => text.bytes().any(starts_token),
         Ok((k, v)) => key_needed(k) || raw_value_needed(v),
         Err(_) => false,
     })
@@ -193,6 +194,10 @@ fn write_doc(
                     out,
                 )?;
             }
+            RawBsonRef::String(text) if k == "errmsg" && text.bytes().any(starts_token) => {
+                let text = expand_text(text, names);
+                write_scalar(out, &k, RawBsonRef::String(&text));
+            }
             RawBsonRef::Binary(b) if b.subtype == BinarySubtype::UserDefined(VALUE_SUBTYPE) => {
                 match value_number(b.bytes).map(|n| (n, names.value(n))) {
                     Some((_, Some(value))) => {
@@ -216,6 +221,60 @@ fn write_doc(
     let len = (out.len() - start) as i32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     Ok(())
+}
+
+fn starts_token(b: u8) -> bool {
+    b == ESCAPE || is_reserved(std::str::from_utf8(&[b]).unwrap_or_default())
+}
+
+/// Names inside an error message (`dup key: { <token>: … }`), best effort:
+/// at each byte that starts a token, the longest run that spells a token the
+/// dictionary knows is replaced by its name; an escape byte is dropped.
+/// Anything else is left as it is.
+pub fn expand_text(text: &str, names: &dyn Names) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len() * 2);
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == ESCAPE {
+            i += 1;
+            continue;
+        }
+        if !starts_token(b) {
+            let next = text[i..]
+                .char_indices()
+                .nth(1)
+                .map_or(text.len(), |(j, _)| i + j);
+            out.push_str(&text[i..next]);
+            i = next;
+            continue;
+        }
+        // Token bytes are ASCII: the run ends at the first byte that cannot follow.
+        let mut end = i + 1;
+        while end < bytes.len()
+            && end - i < 5
+            && (0x21..=0x7E).contains(&bytes[end])
+            && bytes[end] != b'.'
+        {
+            end += 1;
+        }
+        let found = (i + 1..=end).rev().find_map(|e| match decode(&text[i..e]) {
+            Some(Stored::Token(n)) => names.name(n).map(|name| (e, name)),
+            _ => None,
+        });
+        match found {
+            Some((e, name)) => {
+                out.push_str(&name);
+                i = e;
+            }
+            None => {
+                out.push(b as char);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 fn element_header(out: &mut Vec<u8>, kind: u8, key: &str) {

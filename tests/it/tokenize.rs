@@ -462,3 +462,86 @@ async fn bulk_write_ops_are_tokenized_under_their_namespace() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn duplicate_key_errors_name_logical_fields() {
+    let proxy = tokenizing_proxy().await;
+    let c = common::via_proxy(&proxy)
+        .await
+        .database(&db_name("tokdup", "proxy"))
+        .collection::<Document>("c");
+    c.drop().await.unwrap();
+    c.create_index(
+        mongodb::IndexModel::builder()
+            .keys(doc! {"email_address": 1})
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .unique(true)
+                    .build(),
+            )
+            .build(),
+    )
+    .await
+    .unwrap();
+    c.insert_one(doc! {"email_address": "a@example.com"})
+        .await
+        .unwrap();
+    let err = c
+        .insert_one(doc! {"email_address": "a@example.com"})
+        .await
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) = *err.kind
+    else {
+        panic!("{err}")
+    };
+    assert_eq!(e.code, 11000);
+    assert!(e.message.contains("email_address"), "{}", e.message);
+    assert!(!e.message.bytes().any(|b| b < 0x20), "{:?}", e.message);
+    // keyPattern and keyValue, where the server sends them, are logical too:
+    // the same error directly on an untokenized twin has the same details.
+    let twin = common::direct()
+        .await
+        .database(&db_name("tokdup", "direct"))
+        .collection::<Document>("c");
+    twin.drop().await.unwrap();
+    twin.create_index(
+        mongodb::IndexModel::builder()
+            .keys(doc! {"email_address": 1})
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .unique(true)
+                    .build(),
+            )
+            .build(),
+    )
+    .await
+    .unwrap();
+    twin.insert_one(doc! {"email_address": "a@example.com"})
+        .await
+        .unwrap();
+    let direct_err = twin
+        .insert_one(doc! {"email_address": "a@example.com"})
+        .await
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(d)) =
+        *direct_err.kind
+    else {
+        panic!()
+    };
+    assert_eq!(e.details, d.details);
+    assert_eq!(
+        e.message.replace("tokdup_proxy", "tokdup_direct"),
+        d.message
+    );
+    // The index itself lists logical names.
+    let names: Vec<String> = c.list_index_names().await.unwrap();
+    assert!(names.contains(&"email_address_1".to_owned()), "{names:?}");
+    let specs: Vec<mongodb::IndexModel> =
+        futures::TryStreamExt::try_collect(c.list_indexes().await.unwrap())
+            .await
+            .unwrap();
+    assert!(
+        specs.iter().any(|s| s.keys == doc! {"email_address": 1}),
+        "{specs:?}"
+    );
+}

@@ -205,3 +205,25 @@ fn raw_expansion_keeps_every_value_type() {
     let expanded = expand::raw_document(&raw, &dict).unwrap();
     assert_eq!(Document::try_from(expanded.as_ref()).unwrap(), doc);
 }
+
+#[test]
+fn names_inside_error_messages_are_expanded() {
+    let mut dict = Dict::default();
+    store(
+        &doc! {"first_name": 1, "custom": {"Favorite Player": 1}},
+        &mut dict,
+    );
+    let t = |n: &str| crate::token::namespace::encode(dict.token(n).unwrap());
+    let text = format!(
+        "E11000 duplicate key error collection: app.people index: first_name_1 dup key: {{ {}: \"Jon\", {}.{}: 1 }}",
+        t("first_name"),
+        t("custom"),
+        t("Favorite Player")
+    );
+    assert_eq!(
+        expand::expand_text(&text, &dict),
+        "E11000 duplicate key error collection: app.people index: first_name_1 dup key: { first_name: \"Jon\", custom.Favorite Player: 1 }"
+    );
+    let raw = bson::RawDocumentBuf::from_document(&doc! {"ok": 0.0, "errmsg": text}).unwrap();
+    assert!(expand::needed_raw(&raw));
+}
