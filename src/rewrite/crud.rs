@@ -581,17 +581,84 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policy: &Policy) -> ToAlloc
 }
 
 /// Path components and values in a command that could be tokens: the cache
-/// must know about them before deciding they have none.
+/// must know about them before deciding they have none. Only the parts of a
+/// command that carry field names are looked at (not `ordered`, `upsert`,
+/// `batchSize`, …), so that commands naming no new field cost no round trip.
 pub fn names_to_resolve(cmd: &Command, policy: &Policy) -> ToAllocate {
     let mut out = ToAllocate::default();
-    let mut parent = Vec::new();
-    for (k, v) in &cmd.body {
-        if k.starts_with('$') {
-            continue; // $db, $readPreference, …
-        }
-        collect_keys(v, policy, &mut parent, &mut out);
-    }
+    resolve_in(cmd.name(), &cmd.body, policy, &mut out);
     out
+}
+
+fn resolve_in(name: &str, body: &Document, policy: &Policy, out: &mut ToAllocate) {
+    let walk = |v: Option<&Bson>, out: &mut ToAllocate| {
+        if let Some(v) = v {
+            collect_keys(v, policy, &mut Vec::new(), out);
+        }
+    };
+    let items = |key: &str| -> Vec<&Document> {
+        body.get_array(key)
+            .map(|a| a.iter().filter_map(Bson::as_document).collect())
+            .unwrap_or_default()
+    };
+    match name {
+        "find" => {
+            for k in ["filter", "projection", "sort", "hint", "min", "max"] {
+                walk(body.get(k), out);
+            }
+        }
+        "update" => {
+            for u in items("updates") {
+                for k in ["q", "u", "arrayFilters", "hint"] {
+                    walk(u.get(k), out);
+                }
+            }
+        }
+        "delete" => {
+            for d in items("deletes") {
+                walk(d.get("q"), out);
+            }
+        }
+        "findAndModify" | "findandmodify" => {
+            for k in ["query", "sort", "fields", "update", "arrayFilters", "hint"] {
+                walk(body.get(k), out);
+            }
+        }
+        "count" => walk(body.get("query"), out),
+        "distinct" => {
+            walk(body.get("query"), out);
+            if let Ok(k) = body.get_str("key") {
+                note(k, policy, &[], &mut out.names);
+            }
+        }
+        "aggregate" => {
+            for stage in items("pipeline") {
+                for (stage_name, arg) in stage {
+                    match (stage_name.as_str(), arg) {
+                        // Output names of $group are the user's: only its expressions.
+                        ("$group", Bson::Document(g)) => {
+                            g.values().for_each(|v| walk(Some(v), out))
+                        }
+                        _ => walk(Some(arg), out),
+                    }
+                }
+            }
+        }
+        "bulkWrite" => {
+            for op in items("ops") {
+                for k in ["filter", "updateMods", "document", "arrayFilters", "sort"] {
+                    walk(op.get(k), out);
+                }
+            }
+        }
+        "explain" => {
+            if let Ok(inner) = body.get_document("explain") {
+                let inner_name = inner.keys().next().cloned().unwrap_or_default();
+                resolve_in(&inner_name, inner, policy, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn note(components: &str, policy: &Policy, parent: &[String], out: &mut Vec<String>) {
@@ -624,5 +691,44 @@ fn collect_keys(v: &Bson, policy: &Policy, parent: &mut Vec<String>, out: &mut T
             note(&s[1..], policy, &[], &mut out.names);
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+
+    use super::*;
+
+    fn cmd(body: Document) -> Command {
+        let raw = bson::RawDocumentBuf::from_document(&body).unwrap();
+        Command::from_msg(&crate::wire::OpMsg::from_body(
+            crate::wire::MsgFlags::default(),
+            &raw,
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_name_bearing_parts_are_resolved() {
+        let policy = Policy::new(6, &[], "laconic");
+        let update = cmd(doc! {
+            "update": "people", "ordered": true, "$db": "app",
+            "updates": [{"q": {"first_name": "x"}, "u": {"$set": {"last_name": 1}}, "upsert": true, "multi": false}],
+        });
+        assert_eq!(
+            names_to_resolve(&update, &policy).names,
+            vec!["first_name", "last_name"]
+        );
+        let get_more =
+            cmd(doc! {"getMore": 5i64, "collection": "people", "batchSize": 10, "$db": "app"});
+        assert!(names_to_resolve(&get_more, &policy).names.is_empty());
+        let agg = cmd(doc! {"aggregate": "people", "pipeline": [
+            {"$match": {"country": "x"}}, {"$group": {"_id": "$region", "total_count": {"$sum": "$amount"}}}
+        ], "cursor": {}, "$db": "app"});
+        assert_eq!(
+            names_to_resolve(&agg, &policy).names,
+            vec!["country", "region", "amount"]
+        );
     }
 }
