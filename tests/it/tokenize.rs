@@ -465,35 +465,38 @@ async fn bulk_write_ops_are_tokenized_under_their_namespace() {
 
 #[tokio::test]
 async fn duplicate_key_errors_name_logical_fields() {
+    /// A unique index on email_address, and a second insert that breaks it.
+    async fn duplicate(c: &mongodb::Collection<Document>) -> mongodb::error::WriteError {
+        c.drop().await.unwrap();
+        let unique = mongodb::options::IndexOptions::builder()
+            .unique(true)
+            .build();
+        c.create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! {"email_address": 1})
+                .options(unique)
+                .build(),
+        )
+        .await
+        .unwrap();
+        c.insert_one(doc! {"email_address": "a@example.com"})
+            .await
+            .unwrap();
+        let err = c
+            .insert_one(doc! {"email_address": "a@example.com"})
+            .await
+            .unwrap_err();
+        match *err.kind {
+            mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) => e,
+            other => panic!("{other:?}"),
+        }
+    }
     let proxy = tokenizing_proxy().await;
     let c = common::via_proxy(&proxy)
         .await
         .database(&db_name("tokdup", "proxy"))
         .collection::<Document>("c");
-    c.drop().await.unwrap();
-    c.create_index(
-        mongodb::IndexModel::builder()
-            .keys(doc! {"email_address": 1})
-            .options(
-                mongodb::options::IndexOptions::builder()
-                    .unique(true)
-                    .build(),
-            )
-            .build(),
-    )
-    .await
-    .unwrap();
-    c.insert_one(doc! {"email_address": "a@example.com"})
-        .await
-        .unwrap();
-    let err = c
-        .insert_one(doc! {"email_address": "a@example.com"})
-        .await
-        .unwrap_err();
-    let mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) = *err.kind
-    else {
-        panic!("{err}")
-    };
+    let e = duplicate(&c).await;
     assert_eq!(e.code, 11000);
     assert!(e.message.contains("email_address"), "{}", e.message);
     assert!(!e.message.bytes().any(|b| b < 0x20), "{:?}", e.message);
@@ -503,31 +506,7 @@ async fn duplicate_key_errors_name_logical_fields() {
         .await
         .database(&db_name("tokdup", "direct"))
         .collection::<Document>("c");
-    twin.drop().await.unwrap();
-    twin.create_index(
-        mongodb::IndexModel::builder()
-            .keys(doc! {"email_address": 1})
-            .options(
-                mongodb::options::IndexOptions::builder()
-                    .unique(true)
-                    .build(),
-            )
-            .build(),
-    )
-    .await
-    .unwrap();
-    twin.insert_one(doc! {"email_address": "a@example.com"})
-        .await
-        .unwrap();
-    let direct_err = twin
-        .insert_one(doc! {"email_address": "a@example.com"})
-        .await
-        .unwrap_err();
-    let mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(d)) =
-        *direct_err.kind
-    else {
-        panic!()
-    };
+    let d = duplicate(&twin).await;
     assert_eq!(e.details, d.details);
     assert_eq!(
         e.message.replace("tokdup_proxy", "tokdup_direct"),
