@@ -260,3 +260,15 @@ pub async fn by_id(c: &mongodb::Collection<Document>, filter: Document) -> Vec<D
         .await
         .unwrap()
 }
+
+/// A dropped, empty collection `c` in the database for `test`/`side`.
+pub async fn fresh(client: &Client, test: &str, side: &str) -> mongodb::Collection<Document> {
+    let d = client.database(&db_name(test, side));
+    d.drop().await.unwrap();
+    d.collection("c")
+}
+
+/// What the upstream holds in `db.coll`, read directly, in `_id` order.
+pub async fn stored(db: &str, coll: &str) -> Vec<Document> {
+    by_id(&direct().await.database(db).collection(coll), doc! {}).await
+}

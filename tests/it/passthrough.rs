@@ -242,9 +242,7 @@ async fn bulk_write_command_through_the_proxy() {
 async fn transactions_commit_and_abort_through_the_proxy() {
     let proxy = common::proxy().await;
     let client = common::via_proxy(&proxy).await;
-    let d = client.database(&db_name("txn", "proxy"));
-    d.drop().await.unwrap();
-    let c: Collection<Document> = d.collection("c");
+    let c = common::fresh(&client, "txn", "proxy").await;
     c.insert_one(doc! {"_id": 0}).await.unwrap();
 
     let mut s = client.start_session().await.unwrap();
@@ -268,9 +266,7 @@ async fn transactions_commit_and_abort_through_the_proxy() {
 async fn change_streams_through_the_proxy() {
     let proxy = common::proxy().await;
     let client = common::via_proxy(&proxy).await;
-    let d = client.database(&db_name("cs", "proxy"));
-    d.drop().await.unwrap();
-    let c: Collection<Document> = d.collection("c");
+    let c = common::fresh(&client, "cs", "proxy").await;
     c.insert_one(doc! {"_id": 0}).await.unwrap();
     let mut stream = c.watch().await.unwrap();
 

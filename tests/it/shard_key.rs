@@ -96,16 +96,7 @@ async fn replace_strategy_stores_locality_uuids_and_stays_transparent() {
     crud_by_object_id(&c, &docs).await;
 
     // What the upstream holds: Locality UUIDs that decode to each ObjectId's time.
-    let direct = common::direct().await;
-    let raw: Vec<Document> = direct
-        .database(&db_name("sk", "replace"))
-        .collection::<Document>("users")
-        .find(doc! {})
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let raw: Vec<Document> = common::stored(&db_name("sk", "replace"), "users").await;
     assert_eq!(raw.len(), 29);
     for d in &raw {
         let Some(Bson::Binary(b)) = d.get("_id") else {
@@ -158,16 +149,7 @@ async fn replace_in_sequential_mode_clusters_keys_of_a_window() {
     let c: Collection<Document> = client.database(&db_name("sk", "seq")).collection("events");
     let docs = seed(&c).await;
     assert_eq!(all(&c, doc! {}).await, docs);
-    let raw: Vec<Document> = common::direct()
-        .await
-        .database(&db_name("sk", "seq"))
-        .collection::<Document>("events")
-        .find(doc! {})
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let raw: Vec<Document> = common::stored(&db_name("sk", "seq"), "events").await;
     let prefixes: std::collections::HashSet<Vec<u8>> = raw
         .iter()
         .map(|d| match d.get("_id") {
