@@ -39,6 +39,20 @@ pub struct TokenizeConfig {
     pub cap: usize,
     /// How the proxy's own client reaches the store (default: the upstream URI).
     pub store_uri: Option<String>,
+    /// Settings for one database or collection, overriding the ones above.
+    pub namespaces: Vec<NamespaceTokenize>,
+}
+
+/// Tokenization settings for one database (`"app"`) or collection
+/// (`"app.users"`). A setting left out is inherited: a collection's from its
+/// database's entry if there is one, a database's from `[proxy.tokenize]`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespaceTokenize {
+    pub namespace: String,
+    pub min_len: Option<usize>,
+    pub custom_paths: Option<Vec<String>>,
+    pub value_paths: Option<Vec<String>>,
 }
 
 impl Default for TokenizeConfig {
@@ -51,14 +65,37 @@ impl Default for TokenizeConfig {
             store_collection: "name_store".into(),
             cap: 1000,
             store_uri: None,
+            namespaces: Vec::new(),
         }
     }
 }
 
 impl TokenizeConfig {
-    pub fn policy(&self) -> crate::token::Policy {
-        crate::token::Policy::new(self.min_len, &self.custom_paths, &self.store_db)
-            .with_value_paths(&self.value_paths)
+    /// The policy of every namespace, with the inheritance above applied.
+    pub fn policies(&self) -> crate::token::Policies {
+        use crate::token::{Policies, Policy};
+        let policy = |min_len: usize, custom: &[String], values: &[String]| {
+            Policy::new(min_len, custom, &self.store_db).with_value_paths(values)
+        };
+        let mut policies =
+            Policies::new(policy(self.min_len, &self.custom_paths, &self.value_paths));
+        // Databases first, so that collections can inherit from them.
+        let mut rules: Vec<&NamespaceTokenize> = self.namespaces.iter().collect();
+        rules.sort_by_key(|r| r.namespace.contains('.'));
+        for r in rules {
+            let base = policies.for_namespace(&r.namespace).clone();
+            let custom: Vec<String> = match &r.custom_paths {
+                Some(c) => c.clone(),
+                None => base.custom_paths.iter().map(|p| p.join(".")).collect(),
+            };
+            let values: Vec<String> = match &r.value_paths {
+                Some(v) => v.clone(),
+                None => base.value_paths.iter().map(|p| p.join(".")).collect(),
+            };
+            let p = policy(r.min_len.unwrap_or(base.min_len), &custom, &values);
+            policies = policies.with_rule(&r.namespace, p);
+        }
+        policies
     }
 }
 
@@ -294,7 +331,31 @@ impl Config {
                 "not a database name",
             ));
         }
-        for path in t.custom_paths.iter().chain(&t.value_paths) {
+        let rule_paths = t.namespaces.iter().flat_map(|r| {
+            r.custom_paths
+                .iter()
+                .flatten()
+                .chain(r.value_paths.iter().flatten())
+        });
+        for r in &t.namespaces {
+            let (db, coll) = r
+                .namespace
+                .split_once('.')
+                .unwrap_or((r.namespace.as_str(), "x"));
+            if db.is_empty() || coll.is_empty() || db == t.store_db {
+                return Err(invalid(
+                    "proxy.tokenize.namespaces",
+                    r.namespace.clone(),
+                    "expected \"db\" or \"db.collection\", not the store's database",
+                ));
+            }
+        }
+        for path in t
+            .custom_paths
+            .iter()
+            .chain(&t.value_paths)
+            .chain(rule_paths)
+        {
             if path.is_empty() || path.split('.').any(|c| c.is_empty() || c.starts_with('$')) {
                 return Err(invalid(
                     "proxy.tokenize.custom_paths",
@@ -396,5 +457,40 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("proxy.shard_keys"));
+    }
+
+    #[test]
+    fn namespace_settings_inherit_from_their_database_then_the_defaults() {
+        let c = Config::parse(
+            r#"
+[proxy.tokenize]
+min_len = 8
+custom_paths = ["custom"]
+[[proxy.tokenize.namespaces]]
+namespace = "logs.events"
+custom_paths = ["props"]
+[[proxy.tokenize.namespaces]]
+namespace = "logs"
+min_len = 4
+value_paths = ["tags"]
+"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let p = c.proxy.tokenize.policies();
+        let events = p.get("logs", "events");
+        assert_eq!(events.min_len, 4);
+        assert_eq!(events.custom_paths, vec![vec!["props".to_owned()]]);
+        assert_eq!(events.value_paths, vec![vec!["tags".to_owned()]]);
+        let other = p.get("logs", "other");
+        assert_eq!(other.custom_paths, vec![vec!["custom".to_owned()]]);
+        assert_eq!(p.get("app", "users").min_len, 8);
+        let mut bad = c.clone();
+        bad.proxy.tokenize.namespaces[0].namespace = "laconic.x".into();
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("proxy.tokenize.namespaces"));
     }
 }

@@ -3,8 +3,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use dashmap::DashMap;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
@@ -24,6 +25,9 @@ pub struct ProxyContext {
     pub upstream: UpstreamAddr,
     pub rewrite: rewrite::Settings,
     pub capture: Option<CaptureDir>,
+    /// Cursor documents held back from oversized expanded batches, by the
+    /// cursor id the driver knows (any of its connections may ask for them).
+    pub held: DashMap<i64, (Instant, rewrite::cursor::Held)>,
     next_session: AtomicU64,
 }
 
@@ -45,6 +49,7 @@ impl ProxyContext {
             upstream,
             capture,
             config,
+            held: DashMap::new(),
             next_session: AtomicU64::new(1),
         })
     }
@@ -57,8 +62,8 @@ impl ProxyContext {
 /// The name store's client and the tokenization policy, when tokenization is on.
 async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
     let t = &config.tokenize;
-    let policy = t.policy();
-    if !policy.is_active() {
+    let policies = t.policies();
+    if !policies.is_active() {
         return Ok(None);
     }
     let uri = t.store_uri.as_deref().unwrap_or(&config.upstream);
@@ -70,7 +75,7 @@ async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
     })?;
     let coll = client.database(&t.store_db).collection(&t.store_collection);
     Ok(Some(Tokens {
-        policy,
+        policies,
         store: NameStore::new(coll, t.cap),
     }))
 }

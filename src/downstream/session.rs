@@ -14,6 +14,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
@@ -145,6 +146,12 @@ impl Session {
             c.record(Direction::Request, &request.frame);
         }
 
+        // A getMore for documents held back from an oversized batch is
+        // answered here; the upstream is asked again once they are served.
+        if let Some(body) = self.answer_from_held(&request) {
+            return self.answer(&request, &body).await;
+        }
+
         // ④ rewrite request (allocating tokens first: a failure forwards nothing)
         let more_to_come = request.frame.more_to_come();
         let rewritten = match self
@@ -232,7 +239,7 @@ impl Session {
         let cmd = rewrite::Command::from_msg(m)?;
         let store_error = |e: crate::token::StoreError| ProxyError::NameStore(e.to_string());
         let values_scope = crate::token::value_scope(db);
-        let allocate = rewrite::crud::names_to_allocate(&cmd, db, &t.policy);
+        let allocate = rewrite::crud::names_to_allocate(&cmd, db, &t.policies);
         for (scope, list) in [
             (db, &allocate.names),
             (values_scope.as_str(), &allocate.values),
@@ -242,14 +249,14 @@ impl Session {
                 t.store.tokens(scope, &refs).await.map_err(store_error)?;
             }
         }
-        let resolve = rewrite::crud::names_to_resolve(&cmd, &t.policy);
+        let resolve = rewrite::crud::names_to_resolve(&cmd, db, &t.policies);
         for (scope, list) in [
             (db, &resolve.names),
             (values_scope.as_str(), &resolve.values),
         ] {
             // Values matched by a regular expression need the whole value
             // dictionary, so it is read once whatever the command names.
-            let needed = scope == db || !t.policy.value_paths.is_empty();
+            let needed = scope == db || t.policies.has_value_paths();
             if needed
                 && (!t.store.loaded(scope)
                     || list
@@ -262,6 +269,53 @@ impl Session {
         Ok(())
     }
 
+    /// The reply to a `getMore` or `killCursors` of documents held back, if
+    /// the request is one.
+    fn answer_from_held(&self, request: &Request) -> Option<bson::RawDocumentBuf> {
+        use rewrite::cursor;
+        if self.ctx.held.is_empty() {
+            return None;
+        }
+        let Message::Msg(m) = request.frame.message() else {
+            return None;
+        };
+        match request.command.as_str() {
+            "getMore" => {
+                let (id, batch_size) = cursor::get_more_target(m.body())?;
+                let mut entry = self.ctx.held.get_mut(&id)?;
+                let (since, held) = entry.value_mut();
+                *since = Instant::now();
+                let body = cursor::get_more_reply(held, id, batch_size, cursor::MAX_REPLY_BODY);
+                let drained = held.docs.is_empty();
+                drop(entry);
+                if drained {
+                    self.ctx.held.remove(&id);
+                }
+                Some(body)
+            }
+            "killCursors" => {
+                let ids = cursor::kill_cursors_targets(m.body());
+                let mut proxy_only = !ids.is_empty();
+                for id in &ids {
+                    match self.ctx.held.remove(id) {
+                        Some((_, (_, h))) if h.upstream_id == 0 => {}
+                        _ => proxy_only = false,
+                    }
+                }
+                proxy_only.then(|| cursor::kill_cursors_reply(&ids))
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps documents held back for a cursor; ones a driver abandoned go
+    /// when the server would have timed the cursor out (10 minutes idle).
+    fn hold(&self, id: i64, held: rewrite::cursor::Held) {
+        const IDLE: Duration = Duration::from_secs(600);
+        self.ctx.held.retain(|_, (since, _)| since.elapsed() < IDLE);
+        self.ctx.held.insert(id, (Instant::now(), held));
+    }
+
     /// ⑦ Rewrites a reply; tokens another proxy allocated since this one last
     /// read the store are loaded once, then the reply is expanded again.
     async fn rewrite_reply(
@@ -269,6 +323,18 @@ impl Session {
         reply: Frame,
         plan: &rewrite::ReplyPlan,
     ) -> Result<Frame, ProxyError> {
+        let replied = self.expand_reply(reply, plan).await?;
+        if let Some((id, held)) = replied.held {
+            self.hold(id, held);
+        }
+        Ok(replied.frame)
+    }
+
+    async fn expand_reply(
+        &mut self,
+        reply: Frame,
+        plan: &rewrite::ReplyPlan,
+    ) -> Result<rewrite::Replied, ProxyError> {
         match rewrite::reply(reply.clone(), plan, &mut self.legs, &self.ctx.rewrite) {
             Err(ProxyError::UnknownTokens { scope, .. }) => {
                 if let Some(t) = &self.ctx.rewrite.tokens {
@@ -368,10 +434,27 @@ impl Session {
     /// Answers `request` with the error, in the protocol the driver used.
     async fn reply_error(&mut self, request: &Request, err: &ProxyError) -> Result<(), ProxyError> {
         debug!(session = self.id, command = %request.command, error = %err, "answering with an error");
-        let id = self.next_local_id;
-        self.next_local_id = self.next_local_id.wrapping_add(1);
+        let id = self.local_id();
         let reply = error_reply(err, &request.frame, id);
         self.write_back(reply, request).await
+    }
+
+    /// Answers an OP_MSG `request` with `body`, without the upstream.
+    async fn answer(
+        &mut self,
+        request: &Request,
+        body: &bson::RawDocument,
+    ) -> Result<(), ProxyError> {
+        let id = self.local_id();
+        let msg = wire::OpMsg::from_body(wire::MsgFlags::default(), body);
+        let reply = Frame::new(id, request.frame.header.request_id, Message::Msg(msg));
+        self.write_back(reply, request).await
+    }
+
+    fn local_id(&mut self) -> i32 {
+        let id = self.next_local_id;
+        self.next_local_id = self.next_local_id.wrapping_add(1);
+        id
     }
 }
 

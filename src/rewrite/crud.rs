@@ -7,17 +7,26 @@ use bson::{Bson, Document};
 use super::command::Command;
 use super::tokenize::{document, filter, logical_parts, path, paths_document};
 use crate::error::ProxyError;
-use crate::token::{Names, Policy};
+use crate::token::{Names, Policies, Policy};
 
-/// Tokenizes `cmd` in place with the dictionary of the database `scope`.
+/// Tokenizes `cmd` in place with the dictionary of the database `scope`,
+/// under the policy of each collection it addresses.
 pub fn command(
     cmd: &mut Command,
     scope: &str,
-    policy: &Policy,
+    policies: &Policies,
     names: &dyn Names,
 ) -> Result<(), ProxyError> {
     let name = cmd.name().to_owned();
-    tokenize_command(&name, &mut cmd.body, scope, policy, names)
+    tokenize_command(&name, &mut cmd.body, scope, policies, names)
+}
+
+/// The collection a command addresses: the string value of its first field.
+fn collection_of(body: &Document) -> &str {
+    match body.iter().next() {
+        Some((_, Bson::String(c))) => c,
+        _ => "",
+    }
 }
 
 /// The namespace of each `nsInfo` entry of a bulkWrite, by index.
@@ -40,42 +49,49 @@ fn namespaces_of(body: &Document) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Each bulkWrite op whose namespace lies in the database `scope`, with its kind.
+/// Each bulkWrite op whose namespace lies in the database `scope`, with its
+/// kind and namespace.
 fn bulk_ops_in<'a>(
     body: &'a Document,
-    namespaces: &[String],
+    namespaces: &'a [String],
     scope: &str,
-) -> Vec<(String, &'a Document)> {
+) -> Vec<(String, &'a str, &'a Document)> {
     body.get_array("ops")
         .map(|ops| {
             ops.iter()
                 .filter_map(Bson::as_document)
-                .filter(|op| op_in_scope(op, namespaces, scope))
-                .filter_map(|op| op.keys().next().map(|k| (k.clone(), op)))
+                .filter_map(|op| {
+                    let ns = op_namespace(op, namespaces).filter(|ns| in_db(ns, scope))?;
+                    op.keys().next().map(|k| (k.clone(), ns, op))
+                })
                 .collect()
         })
         .unwrap_or_default()
 }
 
-/// Whether a bulkWrite op (`{insert|update|delete: <nsInfo index>, …}`)
-/// addresses a namespace in the database `scope`.
-fn op_in_scope(op: &Document, namespaces: &[String], scope: &str) -> bool {
+/// The namespace a bulkWrite op (`{insert|update|delete: <nsInfo index>, …}`)
+/// addresses.
+fn op_namespace<'a>(op: &Document, namespaces: &'a [String]) -> Option<&'a str> {
     op.values()
         .next()
         .and_then(|v| v.as_i32().map(i64::from).or(v.as_i64()))
         .and_then(|i| usize::try_from(i).ok())
         .and_then(|i| namespaces.get(i))
-        .and_then(|ns| ns.split_once('.'))
-        .is_some_and(|(db, _)| db == scope)
+        .map(String::as_str)
+}
+
+fn in_db(ns: &str, db: &str) -> bool {
+    ns.split_once('.').is_some_and(|(d, _)| d == db)
 }
 
 fn tokenize_command(
     name: &str,
     body: &mut Document,
     scope: &str,
-    policy: &Policy,
+    policies: &Policies,
     names: &dyn Names,
 ) -> Result<(), ProxyError> {
+    let policy = policies.get(scope, collection_of(body));
     let t = Tok { policy, names };
     match name {
         "insert" => t.each(body, "documents", |t, d| {
@@ -124,19 +140,62 @@ fn tokenize_command(
         "explain" => {
             if let Some(Bson::Document(inner)) = body.get_mut("explain") {
                 let inner_name = inner.keys().next().cloned().unwrap_or_default();
-                tokenize_command(&inner_name, inner, scope, policy, names)?;
+                tokenize_command(&inner_name, inner, scope, policies, names)?;
             }
         }
         "mapReduce" | "mapreduce" => {
             return Err(refuse("mapReduce (JavaScript reads field names)"))
         }
-        "bulkWrite" => t.bulk_write(body, scope)?,
+        "bulkWrite" => bulk_write(body, scope, policies, names)?,
         "create" | "collMod" if body.contains_key("validator") || body.contains_key("pipeline") => {
             return Err(refuse(
                 "a validator or view pipeline on a tokenized database",
             ))
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// A bulkWrite: each op under its own namespace and that namespace's
+/// policy; only the ops in the tokenized database `scope` are rewritten.
+fn bulk_write(
+    body: &mut Document,
+    scope: &str,
+    policies: &Policies,
+    names: &dyn Names,
+) -> Result<(), ProxyError> {
+    let namespaces = namespaces_of(body);
+    let Ok(ops) = body.get_array_mut("ops") else {
+        return Ok(());
+    };
+    for op in ops.iter_mut() {
+        let Bson::Document(op) = op else { continue };
+        let Some(ns) = op_namespace(op, &namespaces).filter(|ns| in_db(ns, scope)) else {
+            continue;
+        };
+        let t = Tok {
+            policy: policies.for_namespace(ns),
+            names,
+        };
+        let kind = op.keys().next().cloned().unwrap_or_default();
+        match kind.as_str() {
+            "insert" => {
+                if let Ok(d) = op.get_document("document") {
+                    let d = t.doc(d);
+                    op.insert("document", d);
+                }
+            }
+            "update" => {
+                t.write_op(op, "filter", "updateMods")?;
+                t.paths_at(op, "sort");
+            }
+            "delete" => {
+                t.filter_at(op, "filter")?;
+                t.hint(op);
+            }
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -193,40 +252,6 @@ impl Tok<'_> {
                 return Err(ProxyError::Unsupported(format!(
                     "a sort on the tokenized value path {p} cannot be kept correct: tokenized values keep no order"
                 )));
-            }
-        }
-        Ok(())
-    }
-
-    /// A bulkWrite: each op under its own namespace; only the ops in the
-    /// tokenized database `scope` are rewritten.
-    fn bulk_write(&self, body: &mut Document, scope: &str) -> Result<(), ProxyError> {
-        let namespaces = namespaces_of(body);
-        let Ok(ops) = body.get_array_mut("ops") else {
-            return Ok(());
-        };
-        for op in ops.iter_mut() {
-            let Bson::Document(op) = op else { continue };
-            if !op_in_scope(op, &namespaces, scope) {
-                continue;
-            }
-            let kind = op.keys().next().cloned().unwrap_or_default();
-            match kind.as_str() {
-                "insert" => {
-                    if let Ok(d) = op.get_document("document") {
-                        let d = self.doc(d);
-                        op.insert("document", d);
-                    }
-                }
-                "update" => {
-                    self.write_op(op, "filter", "updateMods")?;
-                    self.paths_at(op, "sort");
-                }
-                "delete" => {
-                    self.filter_at(op, "filter")?;
-                    self.hint(op);
-                }
-                _ => {}
             }
         }
         Ok(())
@@ -497,16 +522,17 @@ pub struct ToAllocate {
 }
 
 /// The names and values a write needs tokens for, in the order they appear.
-pub fn names_to_allocate(cmd: &Command, scope: &str, policy: &Policy) -> ToAllocate {
+pub fn names_to_allocate(cmd: &Command, scope: &str, policies: &Policies) -> ToAllocate {
     use super::tokenize::{collect_names, collect_names_at, collect_values, collect_values_at};
     let mut out = ToAllocate::default();
     let body = &cmd.body;
+    let policy = policies.get(scope, collection_of(body));
     let docs = |key: &str| -> Vec<&Document> {
         body.get_array(key)
             .map(|a| a.iter().filter_map(Bson::as_document).collect())
             .unwrap_or_default()
     };
-    let update = |u: Option<&Bson>, out: &mut ToAllocate| match u {
+    let update = |u: Option<&Bson>, policy: &Policy, out: &mut ToAllocate| match u {
         Some(Bson::Document(u)) if u.keys().next().is_some_and(|k| k.starts_with('$')) => {
             for (_, fields) in u {
                 let Bson::Document(fields) = fields else {
@@ -535,8 +561,8 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policy: &Policy) -> ToAlloc
         }
         "update" => docs("updates")
             .into_iter()
-            .for_each(|u| update(u.get("u"), &mut out)),
-        "findAndModify" | "findandmodify" => update(body.get("update"), &mut out),
+            .for_each(|u| update(u.get("u"), policy, &mut out)),
+        "findAndModify" | "findandmodify" => update(body.get("update"), policy, &mut out),
         // An index names the fields documents will be stored with: its key
         // paths need their tokens now, or it would index the long names.
         "createIndexes" => {
@@ -562,7 +588,8 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policy: &Policy) -> ToAlloc
         }
         "bulkWrite" => {
             let namespaces = bulk_write_namespaces(cmd);
-            for (kind, op) in bulk_ops_in(body, &namespaces, scope) {
+            for (kind, ns, op) in bulk_ops_in(body, &namespaces, scope) {
+                let policy = policies.for_namespace(ns);
                 match kind.as_str() {
                     "insert" => {
                         if let Ok(d) = op.get_document("document") {
@@ -570,7 +597,7 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policy: &Policy) -> ToAlloc
                             collect_values(d, policy, &mut out.values);
                         }
                     }
-                    "update" => update(op.get("updateMods"), &mut out),
+                    "update" => update(op.get("updateMods"), policy, &mut out),
                     _ => {}
                 }
             }
@@ -584,13 +611,14 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policy: &Policy) -> ToAlloc
 /// must know about them before deciding they have none. Only the parts of a
 /// command that carry field names are looked at (not `ordered`, `upsert`,
 /// `batchSize`, …), so that commands naming no new field cost no round trip.
-pub fn names_to_resolve(cmd: &Command, policy: &Policy) -> ToAllocate {
+pub fn names_to_resolve(cmd: &Command, scope: &str, policies: &Policies) -> ToAllocate {
     let mut out = ToAllocate::default();
-    resolve_in(cmd.name(), &cmd.body, policy, &mut out);
+    resolve_in(cmd.name(), &cmd.body, scope, policies, &mut out);
     out
 }
 
-fn resolve_in(name: &str, body: &Document, policy: &Policy, out: &mut ToAllocate) {
+fn resolve_in(name: &str, body: &Document, scope: &str, policies: &Policies, out: &mut ToAllocate) {
+    let policy = policies.get(scope, collection_of(body));
     let walk = |v: Option<&Bson>, out: &mut ToAllocate| {
         if let Some(v) = v {
             collect_keys(v, policy, &mut Vec::new(), out);
@@ -645,16 +673,20 @@ fn resolve_in(name: &str, body: &Document, policy: &Policy, out: &mut ToAllocate
             }
         }
         "bulkWrite" => {
-            for op in items("ops") {
+            let namespaces = namespaces_of(body);
+            for (_, ns, op) in bulk_ops_in(body, &namespaces, scope) {
+                let policy = policies.for_namespace(ns);
                 for k in ["filter", "updateMods", "document", "arrayFilters", "sort"] {
-                    walk(op.get(k), out);
+                    if let Some(v) = op.get(k) {
+                        collect_keys(v, policy, &mut Vec::new(), out);
+                    }
                 }
             }
         }
         "explain" => {
             if let Ok(inner) = body.get_document("explain") {
                 let inner_name = inner.keys().next().cloned().unwrap_or_default();
-                resolve_in(&inner_name, inner, policy, out);
+                resolve_in(&inner_name, inner, scope, policies, out);
             }
         }
         _ => {}
@@ -711,23 +743,23 @@ mod tests {
 
     #[test]
     fn only_name_bearing_parts_are_resolved() {
-        let policy = Policy::new(6, &[], "laconic");
+        let policy = Policies::new(Policy::new(6, &[], "laconic"));
         let update = cmd(doc! {
             "update": "people", "ordered": true, "$db": "app",
             "updates": [{"q": {"first_name": "x"}, "u": {"$set": {"last_name": 1}}, "upsert": true, "multi": false}],
         });
         assert_eq!(
-            names_to_resolve(&update, &policy).names,
+            names_to_resolve(&update, "app", &policy).names,
             vec!["first_name", "last_name"]
         );
         let get_more =
             cmd(doc! {"getMore": 5i64, "collection": "people", "batchSize": 10, "$db": "app"});
-        assert!(names_to_resolve(&get_more, &policy).names.is_empty());
+        assert!(names_to_resolve(&get_more, "app", &policy).names.is_empty());
         let agg = cmd(doc! {"aggregate": "people", "pipeline": [
             {"$match": {"country": "x"}}, {"$group": {"_id": "$region", "total_count": {"$sum": "$amount"}}}
         ], "cursor": {}, "$db": "app"});
         assert_eq!(
-            names_to_resolve(&agg, &policy).names,
+            names_to_resolve(&agg, "app", &policy).names,
             vec!["country", "region", "amount"]
         );
     }

@@ -7,6 +7,7 @@
 
 mod command;
 pub mod crud;
+pub mod cursor;
 pub mod expand;
 mod hello;
 pub mod shard_key;
@@ -118,14 +119,14 @@ pub fn token_scope(m: &OpMsg, settings: &Settings) -> Result<Option<String>, Pro
         return Ok(body
             .get_str("$db")
             .ok()
-            .filter(|db| t.policy.applies_to(db))
+            .filter(|db| t.policies.applies_to(db))
             .map(str::to_owned));
     }
     let cmd = Command::from_msg(m)?;
     let mut dbs: Vec<String> = crud::bulk_write_namespaces(&cmd)
         .into_iter()
         .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
-        .filter(|db| t.policy.applies_to(db))
+        .filter(|db| t.policies.applies_to(db))
         .collect();
     dbs.sort();
     dbs.dedup();
@@ -175,7 +176,7 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
             store: &t.store,
             scope,
         };
-        crud::command(&mut cmd, scope, &t.policy, &names)?;
+        crud::command(&mut cmd, scope, &t.policies, &names)?;
     }
     let msg = cmd.into_msg(m)?;
     Ok(Rewritten {
@@ -184,19 +185,34 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
     })
 }
 
+/// A rewritten reply, and the cursor documents it could not carry.
+#[derive(Debug)]
+pub struct Replied {
+    pub frame: Frame,
+    /// Held back for the cursor's next `getMore`, under the id the driver
+    /// now knows the cursor by.
+    pub held: Option<(i64, cursor::Held)>,
+}
+
+impl From<Frame> for Replied {
+    fn from(frame: Frame) -> Replied {
+        Replied { frame, held: None }
+    }
+}
+
 /// Rewrites one decompressed reply according to its request's plan.
 pub fn reply(
     frame: Frame,
     plan: &ReplyPlan,
     legs: &mut LegState,
     settings: &Settings,
-) -> Result<Frame, ProxyError> {
+) -> Result<Replied, ProxyError> {
     match plan {
-        ReplyPlan::Forward => Ok(frame),
-        ReplyPlan::Hello(h) => hello::reply(frame, h, legs),
+        ReplyPlan::Forward => Ok(frame.into()),
+        ReplyPlan::Hello(h) => hello::reply(frame, h, legs).map(Replied::from),
         ReplyPlan::Rewrite(rules) => {
             let Message::Msg(m) = frame.message() else {
-                return Ok(frame);
+                return Ok(frame.into());
             };
             // Tokens first, raw bytes to raw bytes, so that shard-key rules
             // see logical names.
@@ -225,18 +241,32 @@ pub fn reply(
                     body = Some(command::to_raw(&doc)?);
                 }
             }
-            let Some(body) = body else {
-                return Ok(frame);
+            let Some(mut body) = body else {
+                return Ok(frame.into());
             };
-            // Expansion makes replies larger; a driver closes the connection
-            // on a message over maxMessageSizeBytes. Never send one.
+            // Expansion makes replies larger. A cursor batch is cut to the
+            // server's own limit and the rest held back (`cursor`), unless
+            // the reply is part of an exhaust stream, which has no getMore
+            // to serve the rest from.
+            let mut held = None;
+            if !m.flags.more_to_come() {
+                if let Some((cut, id, rest)) = cursor::split(&body, cursor::MAX_REPLY_BODY)? {
+                    body = cut;
+                    held = Some((id, rest));
+                }
+            }
+            // A driver closes the connection on a message over
+            // maxMessageSizeBytes. Never send one.
             let grown = m.encoded_len() - m.body().as_bytes().len() + body.as_bytes().len();
             if grown > crate::wire::MAX_MESSAGE_SIZE {
                 return Err(ProxyError::ReplyTooLarge(grown));
             }
             let mut m = m.clone();
             m.set_body(body);
-            Ok(frame.with_message(Message::Msg(m)))
+            Ok(Replied {
+                frame: frame.with_message(Message::Msg(m)),
+                held,
+            })
         }
     }
 }

@@ -5,12 +5,12 @@ pub mod namespace;
 pub mod policy;
 pub mod store;
 
-pub use policy::Policy;
+pub use policy::{Policies, Policy};
 pub use store::{value_scope, Dictionary, NameStore, Names, RoundTrips, ScopeNames, StoreError};
 
 /// Tokenization as the proxy runs it: which names, and the store that holds them.
 #[derive(Clone, Debug)]
 pub struct Tokens {
-    pub policy: Policy,
+    pub policies: Policies,
     pub store: NameStore,
 }

@@ -71,9 +71,102 @@ impl Policy {
     }
 }
 
+/// The policy of every namespace: a default, overridden per database
+/// (`"app"`) and per collection (`"app.users"`), the most specific first.
+/// The dictionary stays one per database whatever the collections' policies:
+/// expansion reads tokens by their shape alone, so any collection can hold
+/// any token of its database.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Policies {
+    default: Policy,
+    rules: Vec<(String, Policy)>,
+}
+
+impl Policies {
+    pub fn new(default: Policy) -> Policies {
+        Policies {
+            default,
+            rules: Vec::new(),
+        }
+    }
+
+    /// Adds the policy of a database (`"app"`) or collection (`"app.users"`).
+    pub fn with_rule(mut self, namespace: &str, policy: Policy) -> Policies {
+        self.rules.retain(|(ns, _)| ns != namespace);
+        self.rules.push((namespace.to_owned(), policy));
+        self
+    }
+
+    fn rule(&self, namespace: &str) -> Option<&Policy> {
+        self.rules
+            .iter()
+            .find(|(ns, _)| ns == namespace)
+            .map(|(_, p)| p)
+    }
+
+    /// The policy of the database `db`, before any collection rule.
+    pub fn for_db(&self, db: &str) -> &Policy {
+        self.rule(db).unwrap_or(&self.default)
+    }
+
+    /// The policy of the collection `db.coll`.
+    pub fn get(&self, db: &str, coll: &str) -> &Policy {
+        self.rule(&format!("{db}.{coll}"))
+            .unwrap_or_else(|| self.for_db(db))
+    }
+
+    /// The policy of a full namespace `db.coll`.
+    pub fn for_namespace(&self, ns: &str) -> &Policy {
+        match ns.split_once('.') {
+            Some((db, coll)) => self.get(db, coll),
+            None => self.for_db(ns),
+        }
+    }
+
+    /// Whether anything is tokenized anywhere.
+    pub fn is_active(&self) -> bool {
+        self.default.is_active() || self.rules.iter().any(|(_, p)| p.is_active())
+    }
+
+    /// Whether any collection of `db` is tokenized: its dictionary is then
+    /// in play for every command sent to it.
+    pub fn applies_to(&self, db: &str) -> bool {
+        self.for_db(db).applies_to(db)
+            || self
+                .rules
+                .iter()
+                .any(|(ns, p)| ns.split_once('.').is_some_and(|(d, _)| d == db) && p.applies_to(db))
+    }
+
+    /// Whether any policy tokenizes values (whose dictionary regular
+    /// expressions are matched against).
+    pub fn has_value_paths(&self) -> bool {
+        !self.default.value_paths.is_empty()
+            || self.rules.iter().any(|(_, p)| !p.value_paths.is_empty())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn most_specific_rule_wins() {
+        let base = Policy::new(8, &[], "laconic");
+        let policies = Policies::new(base.clone())
+            .with_rule("logs", Policy::new(0, &[], "laconic"))
+            .with_rule("logs.events", Policy::new(4, &[], "laconic"))
+            .with_rule("app.raw", Policy::new(0, &[], "laconic"));
+        assert_eq!(policies.get("app", "users"), &base);
+        assert!(!policies.get("app", "raw").is_active());
+        assert!(!policies.get("logs", "other").is_active());
+        assert_eq!(policies.get("logs", "events").min_len, 4);
+        assert_eq!(policies.for_namespace("logs.events").min_len, 4);
+        assert!(policies.applies_to("logs") && policies.applies_to("app"));
+        assert!(!policies.applies_to("admin") && !policies.applies_to("laconic"));
+        let off = Policies::new(Policy::new(0, &[], "laconic"));
+        assert!(!off.is_active() && !off.applies_to("app"));
+    }
 
     #[test]
     fn length_and_custom_paths() {

@@ -318,7 +318,8 @@ async fn seed_002_metrics_document_is_stored_in_at_most_1200_bytes() {
 /// limit with logical names is answered with an error, never sent oversized;
 /// smaller batches read the same documents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reply_that_would_exceed_the_message_limit_is_refused_not_sent() {
+async fn batches_that_outgrow_the_reply_limit_are_cut_and_the_rest_served_by_get_more() {
+    use futures::TryStreamExt;
     let mut config = common::proxy_config(&common::upstream().uri);
     config.tokenize.min_len = 100;
     config.tokenize.store_db = db_name("tokbig", "store");
@@ -328,7 +329,8 @@ async fn a_reply_that_would_exceed_the_message_limit_is_refused_not_sent() {
         .database(&db_name("tokbig", "proxy"))
         .collection::<Document>("c");
     c.drop().await.unwrap();
-    // 60 documents of 1,000 keys of 1,000 bytes: 60 MB with names, about 0.6 MB stored.
+    // 60 documents of 1,000 keys of 1,000 bytes: 60 MB with names, about
+    // 0.6 MB stored, so one server batch expands far past 16 MB.
     let names: Vec<String> = (0..1000)
         .map(|i| format!("{i:04}{}", "n".repeat(996)))
         .collect();
@@ -344,29 +346,30 @@ async fn a_reply_that_would_exceed_the_message_limit_is_refused_not_sent() {
             .await
             .unwrap();
     }
-    let err = c.find(doc! {}).batch_size(60).await.unwrap_err();
-    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-        panic!("{err}")
-    };
-    assert_eq!(
-        (e.code, e.code_name.as_str()),
-        (10334, "BSONObjectTooLarge")
-    );
-    assert!(e.message.contains("batchSize"), "{}", e.message);
-    // The connection is fine, and smaller batches read everything back.
-    let mut cursor = c
-        .find(doc! {})
-        .sort(doc! {"_id": 1})
-        .batch_size(10)
-        .await
-        .unwrap();
-    let mut n = 0;
-    while cursor.advance().await.unwrap() {
-        let d = cursor.deserialize_current().unwrap();
-        assert_eq!(d, doc_for(n));
-        n += 1;
+    let expected: Vec<Document> = (0..60).map(doc_for).collect();
+    // The upstream cursor stays open (batch of 40 out of 60): the held
+    // documents come first, then the upstream's next batch.
+    // The upstream cursor is exhausted by its first batch: the proxy serves
+    // the rest under its own cursor id.
+    for batch in [40, 60] {
+        let got: Vec<Document> = c
+            .find(doc! {})
+            .sort(doc! {"_id": 1})
+            .batch_size(batch)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert!(got == expected, "batch size {batch}: documents differ");
     }
-    assert_eq!(n, 60);
+    // A cursor dropped early is killed; the connection goes on working.
+    {
+        let mut cursor = c.find(doc! {}).batch_size(60).await.unwrap();
+        assert!(cursor.advance().await.unwrap());
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 60);
 }
 
 #[tokio::test]
@@ -523,4 +526,58 @@ async fn duplicate_key_errors_name_logical_fields() {
         specs.iter().any(|s| s.keys == doc! {"email_address": 1}),
         "{specs:?}"
     );
+}
+
+#[tokio::test]
+async fn collections_follow_their_own_settings_within_one_dictionary() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.store_db = db_name("tokns", "store");
+    let db = db_name("tokns", "proxy");
+    config.tokenize.namespaces = vec![
+        laconic::config::NamespaceTokenize {
+            namespace: format!("{db}.plain"),
+            min_len: Some(0),
+            ..Default::default()
+        },
+        laconic::config::NamespaceTokenize {
+            namespace: format!("{db}.props"),
+            custom_paths: Some(vec!["props".into()]),
+            ..Default::default()
+        },
+    ];
+    let proxy = common::start(config).await;
+    let client = common::via_proxy(&proxy).await;
+    client.database(&db).drop().await.unwrap();
+    let doc = doc! {"_id": 1, "first_name": "Ada", "props": {"k": 1}};
+    for coll in ["plain", "props", "other"] {
+        let c = client.database(&db).collection::<Document>(coll);
+        c.insert_one(doc.clone()).await.unwrap();
+        assert_eq!(
+            c.find_one(doc! {"first_name": "Ada", "props.k": 1})
+                .await
+                .unwrap(),
+            Some(doc.clone()),
+            "{coll}"
+        );
+    }
+    let is_token = |k: &str| matches!(decode(k), Some(Stored::Token(_)));
+    for (coll, name_token, prop_token) in [
+        // Nothing tokenized in `plain`; `props` tokenizes by length and its
+        // own custom path; `other` by length only.
+        ("plain", false, false),
+        ("props", true, true),
+        ("other", true, false),
+    ] {
+        let d = common::stored(&db, coll).await.remove(0);
+        let keys: Vec<&String> = d.keys().collect();
+        let props = d.get_document("props").unwrap();
+        assert_eq!(is_token(keys[1]), name_token, "{coll}: {d:?}");
+        assert_eq!(keys[2], "props", "{coll}: {d:?}");
+        assert_eq!(
+            is_token(props.keys().next().unwrap()),
+            prop_token,
+            "{coll}: {d:?}"
+        );
+    }
 }

@@ -1,0 +1,296 @@
+//! Holding back what an expanded cursor batch cannot carry.
+//!
+//! Expansion makes documents larger: a batch the server sized at 16 MB can
+//! come to several times that once its tokens are replaced by long names. A
+//! server never sends a reply body over 16 MiB + 16 KiB, and a driver drops
+//! the connection on a message over `maxMessageSizeBytes`, so the proxy keeps
+//! to the server's own limit: the batch is cut where it fills, and the rest
+//! is held back and served, in order, by the cursor's next `getMore`s before
+//! the upstream is asked for more. When the upstream cursor was already
+//! exhausted, the driver is given a proxy cursor id (see [`proxy_cursor_id`])
+//! that `getMore` and `killCursors` are answered for by the proxy itself.
+//!
+//! Everything here is pure: the session keeps the held batches (shared by
+//! every connection, since a driver may send `getMore` on any of its
+//! connections) and does the I/O.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use bson::{doc, Bson, Document, RawArrayBuf, RawBsonRef, RawDocument, RawDocumentBuf};
+
+use crate::error::ProxyError;
+
+/// The largest reply body a server sends (`BSONObjectMaxInternalSize`).
+pub const MAX_REPLY_BODY: usize = 16 * 1024 * 1024 + 16 * 1024;
+
+/// Documents of one cursor that are waiting for its next `getMore`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Held {
+    pub ns: String,
+    pub docs: VecDeque<RawDocumentBuf>,
+    /// The upstream's cursor id; 0 once the upstream cursor is exhausted.
+    pub upstream_id: i64,
+}
+
+/// Proxy cursor ids carry this prefix in their upper 32 bits ("LACO").
+/// Server cursor ids are random 64-bit numbers: a clash needs the server to
+/// draw this exact prefix *and* a live counter value.
+const PROXY_PREFIX: i64 = 0x4C41_434F_i64 << 32;
+static NEXT_PROXY_CURSOR: AtomicU32 = AtomicU32::new(1);
+
+/// A fresh cursor id for a cursor the proxy alone still serves.
+pub fn proxy_cursor_id() -> i64 {
+    PROXY_PREFIX | i64::from(NEXT_PROXY_CURSOR.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The cursor of a reply body: `(id, ns, batch field)`, if it is a cursor reply.
+fn cursor_of(body: &RawDocument) -> Option<(i64, &str, &'static str, &bson::RawArray)> {
+    let cursor = body.get_document("cursor").ok()?;
+    let id = cursor.get_i64("id").ok()?;
+    let ns = cursor.get_str("ns").unwrap_or_default();
+    for field in ["firstBatch", "nextBatch"] {
+        if let Ok(batch) = cursor.get_array(field) {
+            return Some((id, ns, field, batch));
+        }
+    }
+    None
+}
+
+/// Cuts an expanded cursor reply that exceeds `limit` bytes. Returns the
+/// body to send, with the id the driver must use for the cursor from now on,
+/// and the documents held back under that id. `None` when the body fits or
+/// is not a cursor reply.
+pub fn split(
+    body: &RawDocument,
+    limit: usize,
+) -> Result<Option<(RawDocumentBuf, i64, Held)>, ProxyError> {
+    if body.as_bytes().len() <= limit {
+        return Ok(None);
+    }
+    let Some((upstream_id, ns, field, batch)) = cursor_of(body) else {
+        return Ok(None);
+    };
+    let invalid = |e: bson::raw::Error| ProxyError::Internal(format!("cursor reply: {e}"));
+    let docs: Vec<&RawDocument> = batch
+        .into_iter()
+        .map(|d| match d.map_err(invalid)? {
+            RawBsonRef::Document(d) => Ok(d),
+            _ => Err(ProxyError::Internal("a batch holds a non-document".into())),
+        })
+        .collect::<Result<_, _>>()?;
+    let batch_len = batch.as_bytes().len();
+    let envelope = body.as_bytes().len() - batch_len;
+    // Room for the batch once the id may have grown to a proxy id (same size).
+    let mut room = limit.saturating_sub(envelope + 5);
+    let mut keep = 0;
+    for d in &docs {
+        // An array element: type byte, index key and its NUL, the document.
+        let cost = 1 + decimal_len(keep) + 1 + d.as_bytes().len();
+        if cost > room && keep > 0 {
+            break;
+        }
+        room = room.saturating_sub(cost);
+        keep += 1;
+    }
+    if keep == docs.len() {
+        return Ok(None);
+    }
+    let client_id = if upstream_id == 0 {
+        proxy_cursor_id()
+    } else {
+        upstream_id
+    };
+    let held = Held {
+        ns: ns.to_owned(),
+        docs: docs[keep..].iter().map(|d| (*d).to_owned()).collect(),
+        upstream_id,
+    };
+    let out = rebuild(body, field, &docs[..keep], client_id)?;
+    Ok(Some((out, client_id, held)))
+}
+
+fn decimal_len(n: usize) -> usize {
+    n.checked_ilog10().map_or(1, |l| l as usize + 1)
+}
+
+/// The reply body with its batch and cursor id replaced, key order kept.
+fn rebuild(
+    body: &RawDocument,
+    field: &str,
+    docs: &[&RawDocument],
+    id: i64,
+) -> Result<RawDocumentBuf, ProxyError> {
+    let invalid = |e: bson::raw::Error| ProxyError::Internal(format!("cursor reply: {e}"));
+    let mut out = RawDocumentBuf::new();
+    for element in body {
+        let (k, v) = element.map_err(invalid)?;
+        if k != "cursor" {
+            out.append_ref(k, v);
+            continue;
+        }
+        let Some(cursor) = v.as_document() else {
+            return Err(ProxyError::Internal("cursor is not a document".into()));
+        };
+        let mut c = RawDocumentBuf::new();
+        for element in cursor {
+            let (ck, cv) = element.map_err(invalid)?;
+            match ck {
+                "id" => c.append(ck, id),
+                k if k == field => c.append(k, batch(docs)),
+                _ => c.append_ref(ck, cv),
+            }
+        }
+        out.append(k, c);
+    }
+    Ok(out)
+}
+
+fn batch(docs: &[&RawDocument]) -> RawArrayBuf {
+    let mut a = RawArrayBuf::new();
+    for d in docs {
+        a.push((*d).to_owned());
+    }
+    a
+}
+
+/// The `getMore` reply served from held documents: as many as `batch_size`
+/// (if given) and `limit` allow, at least one. The cursor stays open while
+/// documents are held or the upstream cursor lives.
+pub fn get_more_reply(
+    held: &mut Held,
+    client_id: i64,
+    batch_size: Option<usize>,
+    limit: usize,
+) -> RawDocumentBuf {
+    let mut docs = Vec::new();
+    let mut room = limit.saturating_sub(held.ns.len() + 64);
+    while let Some(d) = held.docs.front() {
+        let cost = 1 + decimal_len(docs.len()) + 1 + d.as_bytes().len();
+        if !docs.is_empty() && (cost > room || batch_size.is_some_and(|n| docs.len() >= n)) {
+            break;
+        }
+        room = room.saturating_sub(cost);
+        docs.extend(held.docs.pop_front());
+    }
+    let id = if held.docs.is_empty() && held.upstream_id == 0 {
+        0
+    } else {
+        client_id
+    };
+    let refs: Vec<&RawDocument> = docs.iter().map(|d| d.as_ref()).collect();
+    let mut cursor = RawDocumentBuf::new();
+    cursor.append("nextBatch", batch(&refs));
+    cursor.append("id", id);
+    cursor.append("ns", held.ns.as_str());
+    let mut body = RawDocumentBuf::new();
+    body.append("cursor", cursor);
+    body.append("ok", 1.0);
+    body
+}
+
+/// The reply to a `killCursors` of cursors only the proxy serves.
+pub fn kill_cursors_reply(ids: &[i64]) -> RawDocumentBuf {
+    let ids: Vec<Bson> = ids.iter().map(|&i| Bson::Int64(i)).collect();
+    let d: Document = doc! {
+        "cursorsKilled": ids,
+        "cursorsNotFound": [],
+        "cursorsAlive": [],
+        "cursorsUnknown": [],
+        "ok": 1.0,
+    };
+    RawDocumentBuf::from_document(&d).unwrap_or_default()
+}
+
+/// The cursor id and `batchSize` of a `getMore` body.
+pub fn get_more_target(body: &RawDocument) -> Option<(i64, Option<usize>)> {
+    let id = body.get_i64("getMore").ok()?;
+    let batch_size = match body.get("batchSize").ok().flatten() {
+        Some(RawBsonRef::Int32(n)) => usize::try_from(n).ok().filter(|&n| n > 0),
+        Some(RawBsonRef::Int64(n)) => usize::try_from(n).ok().filter(|&n| n > 0),
+        _ => None,
+    };
+    Some((id, batch_size))
+}
+
+/// The cursor ids of a `killCursors` body.
+pub fn kill_cursors_targets(body: &RawDocument) -> Vec<i64> {
+    body.get_array("cursors")
+        .map(|a| a.into_iter().filter_map(|v| v.ok()?.as_i64()).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(id: i64, docs: usize, size: usize) -> RawDocumentBuf {
+        let batch: Vec<Bson> = (0..docs)
+            .map(|i| Bson::Document(doc! {"_id": i as i32, "pad": "x".repeat(size)}))
+            .collect();
+        let d = doc! {"cursor": {"firstBatch": batch, "id": id, "ns": "app.c"}, "ok": 1.0};
+        RawDocumentBuf::from_document(&d).unwrap()
+    }
+
+    fn ids(body: &RawDocument, field: &str) -> Vec<i32> {
+        let cursor = body.get_document("cursor").unwrap();
+        cursor
+            .get_array(field)
+            .unwrap()
+            .into_iter()
+            .map(|d| d.unwrap().as_document().unwrap().get_i32("_id").unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_that_fits_is_left_alone() {
+        assert!(split(&reply(7, 10, 100), 10_000).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_oversized_batch_is_cut_and_the_rest_served_in_order() {
+        let body = reply(7, 10, 1000);
+        let (out, id, mut held) = split(&body, 3500).unwrap().unwrap();
+        assert!(out.as_bytes().len() <= 3500);
+        assert_eq!(id, 7);
+        assert_eq!(ids(&out, "firstBatch"), vec![0, 1, 2]);
+        assert_eq!(
+            out.get_document("cursor").unwrap().get_i64("id").unwrap(),
+            7
+        );
+        let mut seen = Vec::new();
+        while !held.docs.is_empty() {
+            let next = get_more_reply(&mut held, id, Some(2), 3500);
+            assert!(next.as_bytes().len() <= 3500);
+            assert_eq!(
+                next.get_document("cursor").unwrap().get_i64("id").unwrap(),
+                7
+            );
+            seen.extend(ids(&next, "nextBatch"));
+        }
+        assert_eq!(seen, (3..10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn an_exhausted_upstream_cursor_gets_a_proxy_id_that_closes_when_drained() {
+        let (out, id, mut held) = split(&reply(0, 4, 1000), 2500).unwrap().unwrap();
+        assert_eq!(id >> 32, PROXY_PREFIX >> 32);
+        assert_eq!(
+            out.get_document("cursor").unwrap().get_i64("id").unwrap(),
+            id
+        );
+        let next = get_more_reply(&mut held, id, None, 100_000);
+        assert_eq!(ids(&next, "nextBatch"), vec![2, 3]);
+        assert_eq!(
+            next.get_document("cursor").unwrap().get_i64("id").unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_single_document_larger_than_the_limit_still_travels() {
+        let (out, _, held) = split(&reply(9, 2, 5000), 3000).unwrap().unwrap();
+        assert_eq!(ids(&out, "firstBatch"), vec![0]);
+        assert_eq!(held.docs.len(), 1);
+    }
+}
