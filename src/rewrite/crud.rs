@@ -5,7 +5,7 @@
 use bson::{Bson, Document};
 
 use super::command::Command;
-use super::tokenize::{document, filter, logical_parts, path, paths_document};
+use super::tokenize::{document, logical_parts, path, paths_document};
 use crate::error::ProxyError;
 use crate::token::{Names, Policies, Policy};
 
@@ -91,8 +91,7 @@ fn tokenize_command(
     policies: &Policies,
     names: &dyn Names,
 ) -> Result<(), ProxyError> {
-    let policy = policies.get(scope, collection_of(body));
-    let t = Tok { policy, names };
+    let t = Tok::new(policies, scope, collection_of(body), names);
     match name {
         "insert" => t.each(body, "documents", |t, d| {
             *d = t.doc(d);
@@ -101,18 +100,18 @@ fn tokenize_command(
         "update" => t.each(body, "updates", |t, u| t.write_op(u, "q", "u"))?,
         "delete" => t.each(body, "deletes", |t, d| t.filter_at(d, "q"))?,
         "find" => {
-            t.refuse_value_sort(body, "sort")?;
             t.filter_at(body, "filter")?;
-            for k in ["projection", "sort", "min", "max"] {
+            t.projection_at(body, "projection")?;
+            t.sort_at(body, "sort")?;
+            for k in ["min", "max"] {
                 t.paths_at(body, k);
             }
             t.hint(body);
         }
         "findAndModify" | "findandmodify" => {
-            t.refuse_value_sort(body, "sort")?;
             t.filter_at(body, "query")?;
-            t.paths_at(body, "sort");
-            t.paths_at(body, "fields");
+            t.sort_at(body, "sort")?;
+            t.projection_at(body, "fields")?;
             t.hint(body);
             t.update(body, "update")?;
             t.array_filters(body);
@@ -123,12 +122,22 @@ fn tokenize_command(
         }
         "distinct" => {
             t.filter_at(body, "query")?;
+            t.hint(body);
             if let Ok(k) = body.get_str("key") {
-                let k = path(k, &[], policy, names);
+                let k = path(k, &[], t.policy, names);
                 body.insert("key", k);
             }
         }
-        "aggregate" => t.pipeline(body)?,
+        "aggregate" => {
+            if let Ok(stages) = body.get_array_mut("pipeline") {
+                t.pipeline(stages)?;
+            }
+            t.hint(body);
+            if let Ok(v) = body.get_document("let") {
+                let v = t.let_vars(v)?;
+                body.insert("let", v);
+            }
+        }
         "createIndexes" => t.each(body, "indexes", |t, ix| {
             t.paths_at(ix, "key");
             t.filter_at(ix, "partialFilterExpression")?;
@@ -174,10 +183,8 @@ fn bulk_write(
         let Some(ns) = op_namespace(op, &namespaces).filter(|ns| in_db(ns, scope)) else {
             continue;
         };
-        let t = Tok {
-            policy: policies.for_namespace(ns),
-            names,
-        };
+        let (db, coll) = ns.split_once('.').unwrap_or((ns, ""));
+        let t = Tok::new(policies, db, coll, names);
         let kind = op.keys().next().cloned().unwrap_or_default();
         match kind.as_str() {
             "insert" => {
@@ -188,7 +195,7 @@ fn bulk_write(
             }
             "update" => {
                 t.write_op(op, "filter", "updateMods")?;
-                t.paths_at(op, "sort");
+                t.sort_at(op, "sort")?;
             }
             "delete" => {
                 t.filter_at(op, "filter")?;
@@ -200,16 +207,38 @@ fn bulk_write(
     Ok(())
 }
 
-fn refuse(what: &str) -> ProxyError {
-    ProxyError::Unsupported(format!("{what} cannot be rewritten to tokenized names yet"))
+pub(super) fn refuse(what: &str) -> ProxyError {
+    ProxyError::Unsupported(format!("{what} cannot be rewritten to tokenized names"))
 }
 
-struct Tok<'a> {
-    policy: &'a Policy,
-    names: &'a dyn Names,
+/// The rewriting context of one collection: its policy, its database's
+/// dictionary, and the policies of the other collections it may name.
+#[derive(Clone, Copy)]
+pub(super) struct Tok<'a> {
+    pub(super) policies: &'a Policies,
+    pub(super) db: &'a str,
+    pub(super) policy: &'a Policy,
+    pub(super) names: &'a dyn Names,
 }
 
-impl Tok<'_> {
+impl<'a> Tok<'a> {
+    fn new(policies: &'a Policies, db: &'a str, coll: &str, names: &'a dyn Names) -> Tok<'a> {
+        Tok {
+            policies,
+            db,
+            policy: policies.get(db, coll),
+            names,
+        }
+    }
+
+    /// The same database's collection `coll` (same dictionary, its own policy).
+    pub(super) fn for_collection(&self, coll: &str) -> Tok<'a> {
+        Tok {
+            policy: self.policies.get(self.db, coll),
+            ..*self
+        }
+    }
+
     fn doc(&self, d: &Document) -> Document {
         document(d, &mut Vec::new(), self.policy, self.names)
     }
@@ -232,8 +261,7 @@ impl Tok<'_> {
 
     fn filter_at(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
         if let Ok(f) = parent.get_document(key) {
-            check_filter(f, self.policy)?;
-            let f = filter(f, &[], self.policy, self.names);
+            let f = self.checked_filter(f, &[])?;
             parent.insert(key.to_owned(), f);
         }
         Ok(())
@@ -241,18 +269,23 @@ impl Tok<'_> {
 
     fn paths_at(&self, parent: &mut Document, key: &str) {
         if let Ok(p) = parent.get_document(key) {
-            let p = paths_document(p, self.policy, self.names);
+            let p = paths_document(p, &[], self.policy, self.names);
             parent.insert(key.to_owned(), p);
         }
     }
 
-    fn refuse_value_sort(&self, parent: &Document, key: &str) -> Result<(), ProxyError> {
+    fn sort_at(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
         if let Ok(s) = parent.get_document(key) {
-            if let Some(p) = s.keys().find(|p| is_value_path(self.policy, p)) {
-                return Err(ProxyError::Unsupported(format!(
-                    "a sort on the tokenized value path {p} cannot be kept correct: tokenized values keep no order"
-                )));
-            }
+            let s = self.sort(s, &[])?;
+            parent.insert(key.to_owned(), s);
+        }
+        Ok(())
+    }
+
+    fn projection_at(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
+        if let Ok(p) = parent.get_document(key) {
+            let p = self.projection(p, &[])?;
+            parent.insert(key.to_owned(), p);
         }
         Ok(())
     }
@@ -311,11 +344,22 @@ impl Tok<'_> {
                     }
                     out.insert(op.clone(), f);
                 }
-                out
+                Bson::Document(out)
             }
-            Some(Bson::Document(replacement)) => self.doc(replacement),
-            Some(Bson::Array(_)) => {
-                return Err(refuse("a pipeline update on a tokenized collection"))
+            Some(Bson::Document(replacement)) => Bson::Document(self.doc(replacement)),
+            Some(Bson::Array(stages)) => {
+                if let Some(stage) = stages
+                    .iter()
+                    .filter_map(|s| s.as_document()?.keys().next())
+                    .find(|s| !UPDATE_STAGES.contains(&s.as_str()))
+                {
+                    return Err(ProxyError::Unsupported(format!(
+                        "{stage} is not allowed in an update pipeline"
+                    )));
+                }
+                let mut stages = stages.clone();
+                self.pipeline(&mut stages)?;
+                Bson::Array(stages)
             }
             _ => return Ok(()),
         };
@@ -343,103 +387,17 @@ impl Tok<'_> {
             *d = out;
         }
     }
-
-    fn pipeline(&self, body: &mut Document) -> Result<(), ProxyError> {
-        let Ok(stages) = body.get_array_mut("pipeline") else {
-            return Ok(());
-        };
-        for stage in stages.iter_mut() {
-            let Bson::Document(stage) = stage else {
-                continue;
-            };
-            let Some((name, arg)) = stage.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
-                continue;
-            };
-            let new = match (name.as_str(), &arg) {
-                ("$match", Bson::Document(f)) => {
-                    check_filter(f, self.policy)?;
-                    Bson::Document(filter(f, &[], self.policy, self.names))
-                }
-                ("$sort", Bson::Document(s)) => {
-                    self.refuse_value_sort(stage, "$sort")?;
-                    Bson::Document(paths_document(s, self.policy, self.names))
-                }
-                ("$skip" | "$limit" | "$count" | "$sample", _) => arg,
-                ("$project", Bson::Document(p)) if p.values().all(is_flag) => {
-                    Bson::Document(paths_document(p, self.policy, self.names))
-                }
-                ("$group", Bson::Document(g)) => Bson::Document(self.group(g)?),
-                (other, _) => {
-                    return Err(refuse(&format!(
-                        "the aggregation stage {other} on a tokenized collection"
-                    )))
-                }
-            };
-            stage.insert(name, new);
-        }
-        Ok(())
-    }
-
-    /// `$group`: output names are the user's; `_id` and accumulator arguments
-    /// may be `"$path"` strings, constants or documents of those.
-    fn group(&self, g: &Document) -> Result<Document, ProxyError> {
-        let mut out = Document::new();
-        for (k, v) in g {
-            let v = match v {
-                Bson::Document(acc) if k != "_id" => {
-                    let mut a = Document::new();
-                    for (op, arg) in acc {
-                        a.insert(op.clone(), self.expression(arg)?);
-                    }
-                    Bson::Document(a)
-                }
-                other => self.expression(other)?,
-            };
-            out.insert(crate::token::namespace::escape(k).into_owned(), v);
-        }
-        Ok(out)
-    }
-
-    /// Field paths and constants only; any operator is refused for now.
-    fn expression(&self, e: &Bson) -> Result<Bson, ProxyError> {
-        Ok(match e {
-            Bson::String(s) if s.starts_with("$$") => {
-                return Err(refuse(&format!("the variable {s}")))
-            }
-            Bson::String(s) if s.starts_with('$') && is_value_path(self.policy, &s[1..]) => {
-                return Err(refuse(&format!(
-                    "an aggregation over the tokenized value path {}",
-                    &s[1..]
-                )))
-            }
-            Bson::String(s) if s.starts_with('$') => {
-                Bson::String(format!("${}", path(&s[1..], &[], self.policy, self.names)))
-            }
-            Bson::Document(d) if d.keys().any(|k| k.starts_with('$')) => {
-                let op = d.keys().next().cloned().unwrap_or_default();
-                return Err(refuse(&format!("the expression operator {op}")));
-            }
-            Bson::Document(d) => {
-                let mut out = Document::new();
-                for (k, v) in d {
-                    out.insert(
-                        crate::token::namespace::escape(k).into_owned(),
-                        self.expression(v)?,
-                    );
-                }
-                Bson::Document(out)
-            }
-            other => other.clone(),
-        })
-    }
 }
 
-fn is_flag(v: &Bson) -> bool {
-    matches!(
-        v,
-        Bson::Int32(0 | 1) | Bson::Int64(0 | 1) | Bson::Boolean(_)
-    ) || matches!(v, Bson::Double(x) if *x == 0.0 || *x == 1.0)
-}
+/// The stages an update pipeline may hold.
+const UPDATE_STAGES: &[&str] = &[
+    "$addFields",
+    "$set",
+    "$project",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+];
 
 fn literal(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bson {
     match v {
@@ -451,11 +409,10 @@ fn literal(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bs
 
 /// Filter constructs that cannot be rewritten: JavaScript reads field names;
 /// tokenized values keep no order and are not strings.
-fn check_filter(f: &Document, policy: &Policy) -> Result<(), ProxyError> {
+pub(super) fn check_filter(f: &Document, policy: &Policy) -> Result<(), ProxyError> {
     for (k, v) in f {
         match (k.as_str(), v) {
             ("$where", _) => return Err(refuse("$where (JavaScript reads field names)")),
-            ("$expr", _) => return Err(refuse("$expr in a filter on a tokenized collection")),
             ("$and" | "$or" | "$nor", Bson::Array(a)) => {
                 for sub in a {
                     if let Bson::Document(d) = sub {
@@ -550,6 +507,8 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policies: &Policies) -> ToA
             collect_names(replacement, policy, &mut out.names);
             collect_values(replacement, policy, &mut out.values);
         }
+        // A pipeline update may write any name it mentions.
+        Some(stages @ Bson::Array(_)) => collect_keys(stages, policy, &mut Vec::new(), out),
         _ => {}
     };
     match cmd.name() {
@@ -563,6 +522,22 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policies: &Policies) -> ToA
             .into_iter()
             .for_each(|u| update(u.get("u"), policy, &mut out)),
         "findAndModify" | "findandmodify" => update(body.get("update"), policy, &mut out),
+        // $out and $merge store what the pipeline outputs: every name it
+        // mentions may be written.
+        "aggregate" => {
+            let writes = body.get_array("pipeline").is_ok_and(|p| {
+                p.iter().any(|s| {
+                    s.as_document()
+                        .and_then(|s| s.keys().next())
+                        .is_some_and(|k| k == "$out" || k == "$merge")
+                })
+            });
+            if writes {
+                if let Some(p) = body.get("pipeline") {
+                    collect_keys(p, policy, &mut Vec::new(), &mut out);
+                }
+            }
+        }
         // An index names the fields documents will be stored with: its key
         // paths need their tokens now, or it would index the long names.
         "createIndexes" => {
@@ -659,17 +634,11 @@ fn resolve_in(name: &str, body: &Document, scope: &str, policies: &Policies, out
                 note(k, policy, &[], &mut out.names);
             }
         }
+        // Every key and path of the pipeline, output names included: they
+        // map like any other name.
         "aggregate" => {
-            for stage in items("pipeline") {
-                for (stage_name, arg) in stage {
-                    match (stage_name.as_str(), arg) {
-                        // Output names of $group are the user's: only its expressions.
-                        ("$group", Bson::Document(g)) => {
-                            g.values().for_each(|v| walk(Some(v), out))
-                        }
-                        _ => walk(Some(arg), out),
-                    }
-                }
+            for k in ["pipeline", "hint", "let"] {
+                walk(body.get(k), out);
             }
         }
         "bulkWrite" => {
@@ -719,7 +688,12 @@ fn collect_keys(v: &Bson, policy: &Policy, parent: &mut Vec<String>, out: &mut T
             out.values.push(s.clone());
         }
         Bson::String(s) if policy.is_value_path(parent) => {}
-        Bson::String(s) if s.starts_with('$') && !s.starts_with("$$") => {
+        Bson::String(s) if s.starts_with("$$") => {
+            if let Some((_, rest)) = s.split_once('.') {
+                note(rest, policy, &[], &mut out.names);
+            }
+        }
+        Bson::String(s) if s.starts_with('$') => {
             note(&s[1..], policy, &[], &mut out.names);
         }
         _ => {}
@@ -760,7 +734,7 @@ mod tests {
         ], "cursor": {}, "$db": "app"});
         assert_eq!(
             names_to_resolve(&agg, "app", &policy).names,
-            vec!["country", "region", "amount"]
+            vec!["country", "region", "total_count", "amount"]
         );
     }
 }

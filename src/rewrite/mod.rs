@@ -10,13 +10,14 @@ pub mod crud;
 pub mod cursor;
 pub mod expand;
 mod hello;
+mod pipeline;
 pub mod shard_key;
 pub mod tokenize;
 
 use bson::RawBsonRef;
 
 use crate::error::ProxyError;
-use crate::token::{ScopeNames, Tokens};
+use crate::token::{Consistent, ScopeNames, Tokens};
 use crate::wire::{Compressor, Frame, Message, OpMsg};
 pub use command::Command;
 use shard_key::{ReplyNeeds, ShardKeys};
@@ -176,7 +177,7 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
             store: &t.store,
             scope,
         };
-        crud::command(&mut cmd, scope, &t.policies, &names)?;
+        crud::command(&mut cmd, scope, &t.policies, &Consistent::new(&names))?;
     }
     let msg = cmd.into_msg(m)?;
     Ok(Rewritten {

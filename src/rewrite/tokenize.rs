@@ -13,6 +13,7 @@ use bson::{Bson, Document};
 use bson::spec::BinarySubtype;
 use bson::Binary;
 
+use crate::error::ProxyError;
 use crate::token::namespace::{encode, escape, value_bytes, VALUE_SUBTYPE};
 use crate::token::{Names, Policy};
 
@@ -197,14 +198,21 @@ pub fn logical_parts(p: &str) -> impl Iterator<Item = &str> {
         .filter(|c| !is_positional(c) && !c.starts_with('$'))
 }
 
-fn logical(parent: &[String], p: &str) -> Vec<String> {
+pub fn logical(parent: &[String], p: &str) -> Vec<String> {
     let mut v = parent.to_vec();
     v.extend(logical_parts(p).map(str::to_owned));
     v
 }
 
-/// A query filter relative to `parent`.
-pub fn filter(f: &Document, parent: &[String], policy: &Policy, names: &dyn Names) -> Document {
+/// A query filter relative to `parent`. `$expr` is rewritten by `expr`
+/// (the aggregation expression rewriter), which may refuse it.
+pub fn filter(
+    f: &Document,
+    parent: &[String],
+    policy: &Policy,
+    names: &dyn Names,
+    expr: &dyn Fn(&Bson) -> Result<Bson, ProxyError>,
+) -> Result<Document, ProxyError> {
     let mut out = Document::new();
     for (k, v) in f {
         match k.as_str() {
@@ -213,36 +221,47 @@ pub fn filter(f: &Document, parent: &[String], policy: &Policy, names: &dyn Name
                     Bson::Array(a) => a
                         .iter()
                         .map(|s| match s {
-                            Bson::Document(d) => Bson::Document(filter(d, parent, policy, names)),
-                            other => other.clone(),
+                            Bson::Document(d) => {
+                                filter(d, parent, policy, names, expr).map(Bson::Document)
+                            }
+                            other => Ok(other.clone()),
                         })
-                        .collect(),
+                        .collect::<Result<Vec<_>, _>>()?,
                     _ => Vec::new(),
                 };
                 out.insert(k.clone(), subs);
             }
+            "$expr" => {
+                out.insert(k.clone(), expr(v)?);
+            }
             k if k.starts_with('$') => {
-                // $expr, $text, $comment, … ($where is refused before this).
+                // $text, $comment, … ($where is refused before this).
                 out.insert(k.to_owned(), v.clone());
             }
             p => {
                 let scope = logical(parent, p);
                 out.insert(
                     path(p, parent, policy, names),
-                    condition(v, &scope, policy, names),
+                    condition(v, &scope, policy, names, expr)?,
                 );
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// The value under a path in a filter: an operator document or a literal.
-fn condition(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bson {
+fn condition(
+    v: &Bson,
+    scope: &[String],
+    policy: &Policy,
+    names: &dyn Names,
+    expr: &dyn Fn(&Bson) -> Result<Bson, ProxyError>,
+) -> Result<Bson, ProxyError> {
     if policy.is_value_path(scope) {
-        return value_condition(v, names);
+        return Ok(value_condition(v, names));
     }
-    match v {
+    Ok(match v {
         Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
             let mut out = Document::new();
             for (op, operand) in d {
@@ -251,12 +270,12 @@ fn condition(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> 
                         Bson::Document(e)
                             if e.keys().next().is_some_and(|k| k.starts_with('$')) =>
                         {
-                            condition(operand, scope, policy, names)
+                            condition(operand, scope, policy, names, expr)?
                         }
-                        Bson::Document(e) => Bson::Document(filter(e, scope, policy, names)),
+                        Bson::Document(e) => Bson::Document(filter(e, scope, policy, names, expr)?),
                         other => other.clone(),
                     },
-                    "$not" => condition(operand, scope, policy, names),
+                    "$not" => condition(operand, scope, policy, names, expr)?,
                     "$eq" | "$ne" | "$gt" | "$gte" | "$lt" | "$lte" | "$in" | "$nin" | "$all" => {
                         literal(operand, scope, policy, names)
                     }
@@ -267,7 +286,7 @@ fn condition(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> 
             Bson::Document(out)
         }
         other => literal(other, scope, policy, names),
-    }
+    })
 }
 
 /// A condition on a value path: strings compared through the dictionary, and
@@ -343,27 +362,21 @@ fn literal(v: &Bson, scope: &[String], policy: &Policy, names: &dyn Names) -> Bs
     value(v, &mut parent, policy, names)
 }
 
-/// A projection or sort: keys are paths; projection operators keep their values.
-pub fn paths_document(p: &Document, policy: &Policy, names: &dyn Names) -> Document {
+/// A sort, hint or key pattern relative to `parent`: keys are paths, values
+/// (1, -1, "text", `{$meta: …}`) stay.
+pub fn paths_document(
+    p: &Document,
+    parent: &[String],
+    policy: &Policy,
+    names: &dyn Names,
+) -> Document {
     let mut out = Document::new();
     for (k, v) in p {
         if k.starts_with('$') {
             out.insert(k.clone(), v.clone());
             continue;
         }
-        let scope = logical(&[], k);
-        let v = match v {
-            Bson::Document(d) => match d.get("$elemMatch") {
-                Some(Bson::Document(e)) => {
-                    let mut m = Document::new();
-                    m.insert("$elemMatch", filter(e, &scope, policy, names));
-                    Bson::Document(m)
-                }
-                _ => v.clone(),
-            },
-            other => other.clone(),
-        };
-        out.insert(path(k, &[], policy, names), v);
+        out.insert(path(k, parent, policy, names), v.clone());
     }
     out
 }

@@ -6,7 +6,9 @@ pub mod policy;
 pub mod store;
 
 pub use policy::{Policies, Policy};
-pub use store::{value_scope, Dictionary, NameStore, Names, RoundTrips, ScopeNames, StoreError};
+pub use store::{
+    value_scope, Consistent, Dictionary, NameStore, Names, RoundTrips, ScopeNames, StoreError,
+};
 
 /// Tokenization as the proxy runs it: which names, and the store that holds them.
 #[derive(Clone, Debug)]

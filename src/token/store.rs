@@ -291,6 +291,52 @@ pub trait Names {
     fn values(&self) -> Vec<(u32, Arc<str>)>;
 }
 
+/// One command's view of a dictionary: each name is looked up once, so a
+/// token another session allocates while a command is being rewritten
+/// cannot make that command map one name two ways (an output name defined
+/// in one stage and referred to in the next, say).
+pub struct Consistent<'a> {
+    inner: &'a dyn Names,
+    seen: std::cell::RefCell<HashMap<(bool, String), Option<u32>>>,
+}
+
+impl<'a> Consistent<'a> {
+    pub fn new(inner: &'a dyn Names) -> Consistent<'a> {
+        Consistent {
+            inner,
+            seen: Default::default(),
+        }
+    }
+
+    fn memo(&self, value: bool, name: &str, look: impl FnOnce() -> Option<u32>) -> Option<u32> {
+        let key = (value, name.to_owned());
+        if let Some(t) = self.seen.borrow().get(&key) {
+            return *t;
+        }
+        let t = look();
+        self.seen.borrow_mut().insert(key, t);
+        t
+    }
+}
+
+impl Names for Consistent<'_> {
+    fn token(&self, name: &str) -> Option<u32> {
+        self.memo(false, name, || self.inner.token(name))
+    }
+    fn name(&self, token: u32) -> Option<Arc<str>> {
+        self.inner.name(token)
+    }
+    fn value_token(&self, value: &str) -> Option<u32> {
+        self.memo(true, value, || self.inner.value_token(value))
+    }
+    fn value(&self, token: u32) -> Option<Arc<str>> {
+        self.inner.value(token)
+    }
+    fn values(&self) -> Vec<(u32, Arc<str>)> {
+        self.inner.values()
+    }
+}
+
 /// The scope of a database's value dictionary.
 pub fn value_scope(scope: &str) -> String {
     format!("{scope}#values")

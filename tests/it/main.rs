@@ -4,6 +4,7 @@
 
 mod common;
 
+mod aggregate;
 mod capture;
 mod errors;
 mod handshake;

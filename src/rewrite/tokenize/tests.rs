@@ -7,6 +7,10 @@ use crate::token::Policy;
 
 type Dict = crate::token::Dictionary;
 
+fn no_expr(e: &Bson) -> Result<Bson, crate::error::ProxyError> {
+    Ok(e.clone())
+}
+
 fn policy() -> Policy {
     Policy::new(6, &["custom".into()], "laconic")
 }
@@ -46,7 +50,9 @@ fn values_at_value_paths_become_value_tokens_and_queries_follow() {
         &[],
         &policy,
         &dict,
-    );
+        &no_expr,
+    )
+    .unwrap();
     let in_list = f
         .values()
         .next()
@@ -61,7 +67,14 @@ fn values_at_value_paths_become_value_tokens_and_queries_follow() {
         2,
         "the token of Bad Bunny, and the expression itself: {in_list:?}"
     );
-    let f = filter(&doc! {"top_artists": "Bad Bunny"}, &[], &policy, &dict);
+    let f = filter(
+        &doc! {"top_artists": "Bad Bunny"},
+        &[],
+        &policy,
+        &dict,
+        &no_expr,
+    )
+    .unwrap();
     assert!(matches!(f.values().next().unwrap(), Bson::Binary(b) if b.bytes == vec![1]));
 }
 
@@ -102,7 +115,9 @@ fn filters_projections_and_sorts_use_existing_tokens_only() {
         &[],
         &policy(),
         &dict,
-    );
+        &no_expr,
+    )
+    .unwrap();
     assert_eq!(
         f,
         doc! {
@@ -115,6 +130,7 @@ fn filters_projections_and_sorts_use_existing_tokens_only() {
     );
     let p = paths_document(
         &doc! {"first_name": 1, "custom.Favorite Player": 1, "_id": 0},
+        &[],
         &policy(),
         &dict,
     );
