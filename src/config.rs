@@ -41,6 +41,9 @@ pub struct TokenizeConfig {
     pub store_uri: Option<String>,
     /// Settings for one database or collection, overriding the ones above.
     pub namespaces: Vec<NamespaceTokenize>,
+    /// Commands and aggregation stages the proxy does not know, declared
+    /// free of field names: forwarded as they are instead of refused.
+    pub pass_through: Vec<String>,
 }
 
 /// Tokenization settings for one database (`"app"`) or collection
@@ -66,6 +69,7 @@ impl Default for TokenizeConfig {
             cap: 1000,
             store_uri: None,
             namespaces: Vec::new(),
+            pass_through: Vec::new(),
         }
     }
 }
@@ -95,6 +99,7 @@ impl TokenizeConfig {
             let p = policy(r.min_len.unwrap_or(base.min_len), &custom, &values);
             policies = policies.with_rule(&r.namespace, p);
         }
+        policies.pass_through = self.pass_through.clone();
         policies
     }
 }

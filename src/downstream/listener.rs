@@ -45,6 +45,7 @@ impl ProxyContext {
                 upstream_compressors: config.upstream_compressors(),
                 shard_keys: rewrite::shard_key::ShardKeys::new(config.shard_key_rules()),
                 tokens: tokens(&config).await?,
+                cursor_kinds: Default::default(),
             },
             upstream,
             capture,

@@ -143,6 +143,7 @@ fn tokenize_command(
             t.filter_at(ix, "partialFilterExpression")?;
             t.paths_at(ix, "wildcardProjection");
             t.paths_at(ix, "weights");
+            t.path_string_at(ix, "language_override");
             Ok(())
         })?,
         "dropIndexes" | "deleteIndexes" => t.paths_at(body, "index"),
@@ -156,12 +157,27 @@ fn tokenize_command(
             return Err(refuse("mapReduce (JavaScript reads field names)"))
         }
         "bulkWrite" => bulk_write(body, scope, policies, names)?,
-        "create" | "collMod" if body.contains_key("validator") || body.contains_key("pipeline") => {
-            return Err(refuse(
-                "a validator or view pipeline on a tokenized database",
-            ))
+        "create" | "collMod" => {
+            t.filter_at(body, "validator")?;
+            if let Ok(ts) = body.get_document_mut("timeseries") {
+                t.path_string_at(ts, "timeField");
+                t.path_string_at(ts, "metaField");
+            }
+            if let Ok(ix) = body.get_document_mut("index") {
+                t.paths_at(ix, "keyPattern");
+            }
+            // A view's pipeline runs on the collection it is defined on.
+            let source = body.get_str("viewOn").map(|v| t.for_collection(v));
+            if let (Ok(source), Ok(stages)) = (source, body.get_array_mut("pipeline")) {
+                source.pipeline(stages)?;
+            }
         }
-        _ => {}
+        n if NO_NAMES.contains(&n) || policies.pass_through.iter().any(|p| p == n) => {}
+        other => {
+            return Err(ProxyError::Unsupported(format!(
+                "the command {other} is unknown to Laconic, so the field names it may carry cannot be rewritten (list it in proxy.tokenize.pass_through if it carries none)"
+            )))
+        }
     }
     Ok(())
 }
@@ -206,6 +222,85 @@ fn bulk_write(
     }
     Ok(())
 }
+
+/// Commands that carry no field names (or none the proxy must rewrite).
+const NO_NAMES: &[&str] = &[
+    "getMore",
+    "killCursors",
+    "listIndexes",
+    "listCollections",
+    "drop",
+    "dropDatabase",
+    "collStats",
+    "dbStats",
+    "dataSize",
+    "validate",
+    "ping",
+    "hello",
+    "isMaster",
+    "ismaster",
+    "buildInfo",
+    "buildinfo",
+    "serverStatus",
+    "connectionStatus",
+    "endSessions",
+    "startSession",
+    "refreshSessions",
+    "commitTransaction",
+    "abortTransaction",
+    "killAllSessions",
+    "killAllSessionsByPattern",
+    "killSessions",
+    "saslStart",
+    "saslContinue",
+    "authenticate",
+    "logout",
+    "getnonce",
+    "getLastError",
+    "getlasterror",
+    "listDatabases",
+    "currentOp",
+    "killOp",
+    "hostInfo",
+    "getParameter",
+    "getCmdLineOpts",
+    "getLog",
+    "whatsmyuri",
+    "profile",
+    "compact",
+    "reIndex",
+    "convertToCapped",
+    "cloneCollectionAsCapped",
+    "fsync",
+    "fsyncUnlock",
+    "top",
+    "lockInfo",
+    "dbHash",
+    "createUser",
+    "updateUser",
+    "dropUser",
+    "dropAllUsersFromDatabase",
+    "usersInfo",
+    "createRole",
+    "updateRole",
+    "dropRole",
+    "dropAllRolesFromDatabase",
+    "rolesInfo",
+    "grantRolesToUser",
+    "revokeRolesFromUser",
+    "grantRolesToRole",
+    "revokeRolesFromRole",
+    "grantPrivilegesToRole",
+    "revokePrivilegesFromRole",
+    "listCommands",
+    "features",
+    "filemd5",
+    "getDefaultRWConcern",
+    "setDefaultRWConcern",
+    "replSetGetStatus",
+    "isdbgrid",
+    "listSearchIndexes",
+];
 
 pub(super) fn refuse(what: &str) -> ProxyError {
     ProxyError::Unsupported(format!("{what} cannot be rewritten to tokenized names"))
@@ -270,6 +365,14 @@ impl<'a> Tok<'a> {
     fn paths_at(&self, parent: &mut Document, key: &str) {
         if let Ok(p) = parent.get_document(key) {
             let p = paths_document(p, &[], self.policy, self.names);
+            parent.insert(key.to_owned(), p);
+        }
+    }
+
+    /// A string holding one path (`timeField`, `language_override`).
+    fn path_string_at(&self, parent: &mut Document, key: &str) {
+        if let Ok(p) = parent.get_str(key) {
+            let p = path(p, &[], self.policy, self.names);
             parent.insert(key.to_owned(), p);
         }
     }
@@ -522,45 +625,12 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policies: &Policies) -> ToA
             .into_iter()
             .for_each(|u| update(u.get("u"), policy, &mut out)),
         "findAndModify" | "findandmodify" => update(body.get("update"), policy, &mut out),
-        // $out and $merge store what the pipeline outputs: every name it
-        // mentions may be written.
-        "aggregate" => {
-            let writes = body.get_array("pipeline").is_ok_and(|p| {
-                p.iter().any(|s| {
-                    s.as_document()
-                        .and_then(|s| s.keys().next())
-                        .is_some_and(|k| k == "$out" || k == "$merge")
-                })
-            });
-            if writes {
-                if let Some(p) = body.get("pipeline") {
-                    collect_keys(p, policy, &mut Vec::new(), &mut out);
-                }
-            }
-        }
-        // An index names the fields documents will be stored with: its key
-        // paths need their tokens now, or it would index the long names.
-        "createIndexes" => {
-            for ix in docs("indexes") {
-                for k in ["key", "wildcardProjection", "weights"] {
-                    if let Ok(pattern) = ix.get_document(k) {
-                        for p in pattern.keys() {
-                            note(p, policy, &[], &mut out.names);
-                        }
-                    }
-                }
-                if let Ok(f) = ix.get_document("partialFilterExpression") {
-                    let mut parent = Vec::new();
-                    let mut found = ToAllocate::default();
-                    collect_keys(&Bson::Document(f.clone()), policy, &mut parent, &mut found);
-                    for n in found.names {
-                        if !out.names.contains(&n) {
-                            out.names.push(n);
-                        }
-                    }
-                }
-            }
-        }
+        // Indexes, validators, views, time-series fields and the output of
+        // $out/$merge name the fields documents will be stored with: every
+        // name they mention needs its token now, or they would name the
+        // long forms.
+        "createIndexes" | "create" | "collMod" => return names_mentioned(cmd, scope, policies),
+        "aggregate" if writes_output(body) => return names_mentioned(cmd, scope, policies),
         "bulkWrite" => {
             let namespaces = bulk_write_namespaces(cmd);
             for (kind, ns, op) in bulk_ops_in(body, &namespaces, scope) {
@@ -580,6 +650,30 @@ pub fn names_to_allocate(cmd: &Command, scope: &str, policies: &Policies) -> ToA
         _ => {}
     }
     out
+}
+
+/// Whether a pipeline ends by storing its output ($out, $merge).
+fn writes_output(body: &Document) -> bool {
+    body.get_array("pipeline").is_ok_and(|p| {
+        p.iter().any(|s| {
+            s.as_document()
+                .and_then(|s| s.keys().next())
+                .is_some_and(|k| k == "$out" || k == "$merge")
+        })
+    })
+}
+
+/// Every name and value the command would store as a token: a dry run of
+/// the rewrite through a dictionary that records what it is asked.
+fn names_mentioned(cmd: &Command, scope: &str, policies: &Policies) -> ToAllocate {
+    let recorder = crate::token::Recorder::default();
+    let mut copy = cmd.clone();
+    // A refusal is reported by the real rewrite that follows.
+    let _ = command(&mut copy, scope, policies, &recorder);
+    ToAllocate {
+        names: recorder.names.into_inner(),
+        values: recorder.values.into_inner(),
+    }
 }
 
 /// Path components and values in a command that could be tokens: the cache

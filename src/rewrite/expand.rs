@@ -144,13 +144,76 @@ fn raw_value_needed(v: RawBsonRef<'_>) -> bool {
     }
 }
 
+/// Which string values hold paths (and so may hold tokens). Keys are always
+/// expanded; strings only where the reply's kind says they are paths.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Strings {
+    /// Documents: string values are the user's data.
+    #[default]
+    Data,
+    /// Collection and index metadata, explain output: every string that
+    /// spells a path of tokens (`"$<token>.<token>"`, `required` names,
+    /// `timeField`, `language_override`) is expanded.
+    Paths,
+    /// Change events: strings under `removedFields`, `truncatedArrays` and
+    /// `disambiguatedPaths` are paths; the rest are documents.
+    Events,
+    /// Write replies: a validation error's `errInfo` names properties in
+    /// strings; everything else is data.
+    Writes,
+    /// Change events from every database (a cluster-wide stream): each
+    /// event is expanded as [`Strings::Events`] with its own database's
+    /// dictionary.
+    ClusterEvents,
+}
+
+impl Strings {
+    fn under(self, key: &str) -> Strings {
+        match (self, key) {
+            (
+                Strings::Events | Strings::ClusterEvents,
+                "removedFields" | "truncatedArrays" | "disambiguatedPaths",
+            )
+            | (Strings::Writes, "errInfo") => Strings::Paths,
+            (s, _) => s,
+        }
+    }
+}
+
+/// A string value that spells a path, with its tokens expanded.
+fn path_string(s: &str, names: &dyn Names, unknown: &mut Vec<u32>) -> Option<String> {
+    if !s.bytes().any(starts_token) {
+        return None;
+    }
+    let (prefix, rest) = if let Some(var) = s.strip_prefix("$$") {
+        match var.split_once('.') {
+            Some((v, rest)) => (format!("$${v}."), rest),
+            None => return None,
+        }
+    } else if let Some(rest) = s.strip_prefix('$') {
+        ("$".to_owned(), rest)
+    } else {
+        (String::new(), s)
+    };
+    Some(format!("{prefix}{}", key(rest, names, unknown)))
+}
+
 /// Expands a raw reply; fails with the tokens the cache lacks.
 pub fn raw_document(doc: &RawDocument, names: &dyn Names) -> Result<RawDocumentBuf, Unknown> {
+    raw_document_with(doc, names, Strings::Data)
+}
+
+/// Expands a raw reply whose string values are read as `strings` says.
+pub fn raw_document_with(
+    doc: &RawDocument,
+    names: &dyn Names,
+    strings: Strings,
+) -> Result<RawDocumentBuf, Unknown> {
     let mut unknown = Unknown::default();
     let mut out = Vec::with_capacity(doc.as_bytes().len() * 2);
     // Malformed input cannot come from a server's reply that parsed; if it
     // does, the reply is left for the caller to forward unchanged.
-    if write_doc(doc, false, names, &mut unknown, &mut out).is_err() {
+    if write_doc(doc, false, names, &mut unknown, &mut out, strings).is_err() {
         return Ok(doc.to_owned());
     }
     if !unknown.names.is_empty() || !unknown.values.is_empty() {
@@ -169,11 +232,13 @@ fn write_doc(
     names: &dyn Names,
     unknown: &mut Unknown,
     out: &mut Vec<u8>,
+    strings: Strings,
 ) -> Result<(), bson::raw::Error> {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     for element in doc {
         let (k, v) = element?;
+        let inner = if is_array { strings } else { strings.under(k) };
         let k = if is_array {
             Cow::Borrowed(k)
         } else {
@@ -182,7 +247,7 @@ fn write_doc(
         match v {
             RawBsonRef::Document(d) => {
                 element_header(out, 0x03, &k);
-                write_doc(d, false, names, unknown, out)?;
+                write_doc(d, false, names, unknown, out, inner)?;
             }
             RawBsonRef::Array(a) => {
                 element_header(out, 0x04, &k);
@@ -192,7 +257,14 @@ fn write_doc(
                     names,
                     unknown,
                     out,
+                    inner,
                 )?;
+            }
+            RawBsonRef::String(text) if inner == Strings::Paths && k != "errmsg" => {
+                match path_string(text, names, &mut unknown.names) {
+                    Some(p) => write_scalar(out, &k, RawBsonRef::String(&p)),
+                    None => write_scalar(out, &k, v),
+                }
             }
             RawBsonRef::String(text) if k == "errmsg" && text.bytes().any(starts_token) => {
                 let text = expand_text(text, names);

@@ -35,6 +35,53 @@ pub struct Settings {
     pub shard_keys: ShardKeys,
     /// Name tokenization, when on.
     pub tokens: Option<Tokens>,
+    /// Cursors whose batches are not plain documents (index specs,
+    /// collection options, change events), by cursor id, so that their
+    /// `getMore` replies are read the same way as their first batch.
+    pub cursor_kinds: std::sync::Arc<dashmap::DashMap<i64, expand::Strings>>,
+}
+
+/// How the string values of a command's replies are to be read.
+fn strings_of(
+    name: &str,
+    body: &bson::RawDocument,
+    cursor_kinds: &dashmap::DashMap<i64, expand::Strings>,
+) -> expand::Strings {
+    use expand::Strings;
+    let first_stage = || {
+        body.get_array("pipeline")
+            .ok()
+            .and_then(|p| {
+                p.into_iter()
+                    .next()?
+                    .ok()?
+                    .as_document()?
+                    .into_iter()
+                    .next()?
+                    .ok()
+            })
+            .map(|(k, _)| k.to_owned())
+    };
+    match name {
+        "listCollections" | "listIndexes" | "explain" => Strings::Paths,
+        _ if body.get_bool("explain").unwrap_or(false) => Strings::Paths,
+        "aggregate" => match first_stage().as_deref() {
+            Some("$changeStream") => Strings::Events,
+            Some("$indexStats" | "$collStats" | "$listSearchIndexes" | "$planCacheStats") => {
+                Strings::Paths
+            }
+            _ => Strings::Data,
+        },
+        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite" => {
+            Strings::Writes
+        }
+        "getMore" => body
+            .get_i64("getMore")
+            .ok()
+            .and_then(|id| cursor_kinds.get(&id).map(|k| *k))
+            .unwrap_or_default(),
+        _ => Strings::Data,
+    }
 }
 
 /// How the replies to a request are to be rewritten.
@@ -55,6 +102,10 @@ pub struct ReplyRules {
     pub shard: ReplyNeeds,
     /// The name-store scope whose tokens are expanded.
     pub expand: Option<String>,
+    /// Which string values of the reply are paths.
+    pub strings: expand::Strings,
+    /// The cursor a `getMore` continues, forgotten once it is exhausted.
+    pub get_more: Option<i64>,
 }
 
 /// Per-session state that replies settle and later requests use.
@@ -159,8 +210,19 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
             hide: None,
         },
         expand: scope.map(str::to_owned),
+        strings: match scope {
+            Some(_) => strings_of(name, body, &settings.cursor_kinds),
+            None => expand::Strings::Data,
+        },
+        get_more: (name == "getMore")
+            .then(|| body.get_i64("getMore").ok())
+            .flatten(),
     };
-    if !concerns && scope.is_none() {
+    if scope.is_none() && tokens.is_some() && db == Some("admin") {
+        rules.strings = cluster_stream(name, body, &settings.cursor_kinds)?;
+    }
+    let hide_store = rules.strings == expand::Strings::ClusterEvents && name == "aggregate";
+    if !concerns && scope.is_none() && !hide_store {
         let plan = if rules == ReplyRules::default() {
             ReplyPlan::Forward
         } else {
@@ -171,6 +233,19 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
     let mut cmd = Command::from_msg(m)?;
     if concerns {
         rules.shard = keys.request(&mut cmd)?;
+    }
+    if let (true, Some(t)) = (hide_store, tokens) {
+        // The name store is the proxy's own bookkeeping: its changes are
+        // not the application's.
+        if let Ok(stages) = cmd.body.get_array_mut("pipeline") {
+            let at = stages.len().min(1);
+            stages.insert(
+                at,
+                bson::Bson::Document(
+                    bson::doc! {"$match": {"ns.db": {"$ne": t.store.database_name()}}},
+                ),
+            );
+        }
     }
     if let (Some(t), Some(scope)) = (tokens, scope) {
         let names = ScopeNames {
@@ -184,6 +259,135 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
         frame: Some(frame.clone().with_message(Message::Msg(msg))),
         plan: ReplyPlan::Rewrite(rules),
     })
+}
+
+/// A cluster-wide change stream (or its `getMore`): its events come from
+/// every database, each with its own dictionary. User stages after
+/// `$changeStream` cannot name a collection's fields there, since no one
+/// dictionary applies: refused.
+fn cluster_stream(
+    name: &str,
+    body: &bson::RawDocument,
+    cursor_kinds: &dashmap::DashMap<i64, expand::Strings>,
+) -> Result<expand::Strings, ProxyError> {
+    use expand::Strings;
+    if name == "getMore" {
+        return Ok(body
+            .get_i64("getMore")
+            .ok()
+            .and_then(|id| cursor_kinds.get(&id).map(|k| *k))
+            .unwrap_or_default());
+    }
+    if name != "aggregate" {
+        return Ok(Strings::Data);
+    }
+    let Ok(pipeline) = body.get_array("pipeline") else {
+        return Ok(Strings::Data);
+    };
+    let stages: Vec<bson::Document> = pipeline
+        .into_iter()
+        .filter_map(|s| {
+            s.ok()?
+                .as_document()
+                .and_then(|d| bson::Document::try_from(d).ok())
+        })
+        .collect();
+    if !stages
+        .first()
+        .is_some_and(|s| s.contains_key("$changeStream"))
+    {
+        return Ok(Strings::Data);
+    }
+    for stage in &stages[1..] {
+        let text = stage.to_string();
+        if ["fullDocument", "documentKey", "updateDescription"]
+            .iter()
+            .any(|f| text.contains(f))
+        {
+            return Err(ProxyError::Unsupported(format!(
+                "a stage naming document fields ({}) in a cluster-wide change stream cannot be rewritten: each database has its own dictionary; watch the database or the collection instead",
+                stage.keys().next().map_or("", String::as_str)
+            )));
+        }
+    }
+    Ok(Strings::ClusterEvents)
+}
+
+/// Expands each event of a cluster-wide change stream's batch with the
+/// dictionary of the database it comes from.
+fn expand_cluster_events(
+    body: &bson::RawDocument,
+    t: &Tokens,
+) -> Result<Option<bson::RawDocumentBuf>, ProxyError> {
+    let mut doc = command::to_document(body)?;
+    let Ok(cursor) = doc.get_document_mut("cursor") else {
+        return Ok(None);
+    };
+    let field = if cursor.contains_key("firstBatch") {
+        "firstBatch"
+    } else {
+        "nextBatch"
+    };
+    let Ok(batch) = cursor.get_array_mut(field) else {
+        return Ok(None);
+    };
+    let mut changed = false;
+    for event in batch.iter_mut() {
+        let bson::Bson::Document(e) = event else {
+            continue;
+        };
+        let Some(db) = e
+            .get_document("ns")
+            .ok()
+            .and_then(|ns| ns.get_str("db").ok())
+            .filter(|db| t.policies.applies_to(db))
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        let names = ScopeNames {
+            store: &t.store,
+            scope: &db,
+        };
+        let raw = command::to_raw(e)?;
+        let expanded =
+            expand::raw_document_with(&raw, &names, expand::Strings::Events).map_err(|u| {
+                ProxyError::UnknownTokens {
+                    scope: db.clone(),
+                    tokens: u.names.into_iter().chain(u.values).collect(),
+                }
+            })?;
+        *e = command::to_document(&expanded)?;
+        changed = true;
+    }
+    if !changed {
+        return Ok(None);
+    }
+    command::to_raw(&doc).map(Some)
+}
+
+/// Records the kind of a cursor that stays open; forgets it once closed.
+fn remember_cursor(
+    body: &bson::RawDocument,
+    rules: &ReplyRules,
+    cursor_kinds: &dashmap::DashMap<i64, expand::Strings>,
+) {
+    let Some(id) = body
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_i64("id").ok())
+    else {
+        return;
+    };
+    match (id, rules.get_more) {
+        (0, Some(done)) => {
+            cursor_kinds.remove(&done);
+        }
+        (0, None) => {}
+        (id, _) => {
+            cursor_kinds.insert(id, rules.strings);
+        }
+    }
 }
 
 /// A rewritten reply, and the cursor documents it could not carry.
@@ -218,18 +422,24 @@ pub fn reply(
             // Tokens first, raw bytes to raw bytes, so that shard-key rules
             // see logical names.
             let mut body: Option<bson::RawDocumentBuf> = None;
+            if let (expand::Strings::ClusterEvents, Some(t)) = (rules.strings, &settings.tokens) {
+                remember_cursor(m.body(), rules, &settings.cursor_kinds);
+                body = expand_cluster_events(m.body(), t)?;
+            }
             if let (Some(scope), Some(t)) = (&rules.expand, &settings.tokens) {
-                if expand::needed_raw(m.body()) {
+                if rules.strings != expand::Strings::Data {
+                    remember_cursor(m.body(), rules, &settings.cursor_kinds);
+                }
+                if rules.strings != expand::Strings::Data || expand::needed_raw(m.body()) {
                     let names = ScopeNames {
                         store: &t.store,
                         scope,
                     };
-                    let expanded = expand::raw_document(m.body(), &names).map_err(|u| {
-                        ProxyError::UnknownTokens {
+                    let expanded = expand::raw_document_with(m.body(), &names, rules.strings)
+                        .map_err(|u| ProxyError::UnknownTokens {
                             scope: scope.clone(),
                             tokens: u.names.into_iter().chain(u.values).collect(),
-                        }
-                    })?;
+                        })?;
                     body = Some(expanded);
                 }
             }

@@ -225,8 +225,17 @@ impl Vars {
 }
 
 impl Tok<'_> {
-    /// A pipeline of the collection this `Tok` is for.
+    /// A pipeline of the collection this `Tok` is for. One that opens a
+    /// change stream works on change events instead.
     pub(super) fn pipeline(&self, stages: &mut [Bson]) -> Result<(), ProxyError> {
+        let opens_stream = stages
+            .first()
+            .and_then(Bson::as_document)
+            .and_then(|s| s.keys().next())
+            .is_some_and(|k| k == "$changeStream");
+        if opens_stream {
+            return self.change_stream(&mut stages[1..]);
+        }
         for stage in stages.iter_mut() {
             let Bson::Document(stage) = stage else {
                 continue;
@@ -370,12 +379,128 @@ impl Tok<'_> {
             (n, _) if n.starts_with("$_internal") => {
                 return Err(refuse(&format!("the internal stage {n}")))
             }
+            (other, _) if self.policies.pass_through.iter().any(|p| p == other) => arg.clone(),
             (other, _) => {
                 return Err(ProxyError::Unsupported(format!(
                     "the aggregation stage {other} is unknown to Laconic, so the field names it may carry cannot be rewritten"
                 )))
             }
         })
+    }
+
+    /// The stages after `$changeStream` see change events: only the paths
+    /// below `fullDocument`, `fullDocumentBeforeChange`, `documentKey` and
+    /// `updateDescription.updatedFields` are the collection's.
+    fn change_stream(&self, stages: &mut [Bson]) -> Result<(), ProxyError> {
+        for stage in stages.iter_mut() {
+            let Bson::Document(stage) = stage else {
+                continue;
+            };
+            let Some((name, arg)) = stage.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
+                continue;
+            };
+            let new = match (name.as_str(), &arg) {
+                ("$match", Bson::Document(f)) => Bson::Document(self.event_filter(f)?),
+                ("$project" | "$addFields" | "$set", Bson::Document(p)) => {
+                    let mut out = Document::new();
+                    for (k, v) in p {
+                        let v = match v {
+                            v if is_flag(v) => v.clone(),
+                            Bson::String(s) if s.starts_with('$') && !s.starts_with("$$") => {
+                                Bson::String(format!("${}", self.event_path(&s[1..])))
+                            }
+                            Bson::String(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => {
+                                v.clone()
+                            }
+                            _ => {
+                                return Err(refuse(&format!(
+                                    "an expression in {name} after $changeStream"
+                                )))
+                            }
+                        };
+                        out.insert(self.event_path(k), v);
+                    }
+                    Bson::Document(out)
+                }
+                ("$unset", Bson::String(p)) => Bson::String(self.event_path(p)),
+                ("$unset", Bson::Array(a)) => Bson::Array(
+                    a.iter()
+                        .map(|p| match p {
+                            Bson::String(p) => Bson::String(self.event_path(p)),
+                            other => other.clone(),
+                        })
+                        .collect(),
+                ),
+                ("$replaceRoot" | "$replaceWith" | "$redact", _) => {
+                    return Err(refuse(&format!("{name} after $changeStream")))
+                }
+                ("$changeStreamSplitLargeEvent", _) => arg,
+                (other, _) => {
+                    return Err(refuse(&format!("the stage {other} after $changeStream")))
+                }
+            };
+            stage.insert(name, new);
+        }
+        Ok(())
+    }
+
+    /// A path into a change event.
+    fn event_path(&self, p: &str) -> String {
+        for prefix in [
+            "fullDocument.",
+            "fullDocumentBeforeChange.",
+            "documentKey.",
+            "updateDescription.updatedFields.",
+        ] {
+            if let Some(rest) = p.strip_prefix(prefix) {
+                return format!("{prefix}{}", self.path(rest, &[]));
+            }
+        }
+        p.to_owned()
+    }
+
+    /// A filter on change events: conditions on the collection's paths are
+    /// rewritten as they would be on the collection itself.
+    fn event_filter(&self, f: &Document) -> Result<Document, ProxyError> {
+        let mut out = Document::new();
+        for (k, v) in f {
+            match (k.as_str(), v) {
+                ("$and" | "$or" | "$nor", Bson::Array(a)) => {
+                    let subs = a
+                        .iter()
+                        .map(|x| match x {
+                            Bson::Document(d) => self.event_filter(d).map(Bson::Document),
+                            other => Ok(other.clone()),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    out.insert(k.clone(), subs);
+                }
+                (op, _) if op.starts_with('$') => {
+                    return Err(refuse(&format!("{op} in a $match after $changeStream")))
+                }
+                (p, v) => {
+                    let event = self.event_path(p);
+                    let Some((prefix, rest)) = [
+                        "fullDocument.",
+                        "fullDocumentBeforeChange.",
+                        "documentKey.",
+                        "updateDescription.updatedFields.",
+                    ]
+                    .iter()
+                    .find_map(|pre| p.strip_prefix(pre).map(|r| (*pre, r))) else {
+                        out.insert(event, v.clone());
+                        continue;
+                    };
+                    let mut one = Document::new();
+                    one.insert(rest, v.clone());
+                    let rewritten = self.checked_filter(&one, &[])?;
+                    for (rk, rv) in rewritten {
+                        out.insert(format!("{prefix}{rk}"), rv);
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// A filter after the checks that refuse what cannot be rewritten.
@@ -385,9 +510,91 @@ impl Tok<'_> {
         parent: &[String],
     ) -> Result<Document, ProxyError> {
         super::crud::check_filter(f, self.policy)?;
-        super::tokenize::filter(f, parent, self.policy, self.names, &|e| {
-            self.expr(e, &[], &Vars::default())
+        super::tokenize::filter(f, parent, self.policy, self.names, &|op, v| match (op, v) {
+            ("$jsonSchema", Bson::Document(schema)) => {
+                self.json_schema(schema, parent).map(Bson::Document)
+            }
+            _ => self.expr(v, &[], &Vars::default()),
         })
+    }
+
+    /// A `$jsonSchema` relative to `parent`: property names in `properties`,
+    /// `required` and `dependencies` are names; keywords stay.
+    fn json_schema(&self, schema: &Document, parent: &[String]) -> Result<Document, ProxyError> {
+        let names_list = |v: &Bson| match v {
+            Bson::Array(a) => Bson::Array(
+                a.iter()
+                    .map(|n| match n {
+                        Bson::String(n) => Bson::String(self.name(parent, n)),
+                        other => other.clone(),
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
+        };
+        let mut out = Document::new();
+        for (k, v) in schema {
+            let v = match (k.as_str(), v) {
+                ("patternProperties", _) => {
+                    return Err(refuse(
+                        "$jsonSchema patternProperties (a regular expression over field names)",
+                    ))
+                }
+                ("properties", Bson::Document(props)) => {
+                    let mut o = Document::new();
+                    for (name, sub) in props {
+                        let mut scope = parent.to_vec();
+                        scope.push(name.clone());
+                        let sub = match sub {
+                            Bson::Document(d) => Bson::Document(self.json_schema(d, &scope)?),
+                            other => other.clone(),
+                        };
+                        o.insert(self.name(parent, name), sub);
+                    }
+                    Bson::Document(o)
+                }
+                ("required", list) => names_list(list),
+                ("dependencies", Bson::Document(deps)) => {
+                    let mut o = Document::new();
+                    for (name, dep) in deps {
+                        let dep = match dep {
+                            Bson::Document(d) => Bson::Document(self.json_schema(d, parent)?),
+                            other => names_list(other),
+                        };
+                        o.insert(self.name(parent, name), dep);
+                    }
+                    Bson::Document(o)
+                }
+                (
+                    "items" | "additionalItems" | "additionalProperties" | "not",
+                    Bson::Document(d),
+                ) => Bson::Document(self.json_schema(d, parent)?),
+                ("items" | "allOf" | "anyOf" | "oneOf", Bson::Array(a)) => Bson::Array(
+                    a.iter()
+                        .map(|x| match x {
+                            Bson::Document(d) => self.json_schema(d, parent).map(Bson::Document),
+                            other => Ok(other.clone()),
+                        })
+                        .collect::<Result<_, _>>()?,
+                ),
+                ("enum", Bson::Array(a)) => Bson::Array(
+                    a.iter()
+                        .map(|x| match x {
+                            Bson::Document(d) => Bson::Document(super::tokenize::document(
+                                d,
+                                &mut parent.to_vec(),
+                                self.policy,
+                                self.names,
+                            )),
+                            other => other.clone(),
+                        })
+                        .collect(),
+                ),
+                _ => v.clone(),
+            };
+            out.insert(k.clone(), v);
+        }
+        Ok(out)
     }
 
     fn path(&self, p: &str, parent: &[String]) -> String {

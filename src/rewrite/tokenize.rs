@@ -204,14 +204,15 @@ pub fn logical(parent: &[String], p: &str) -> Vec<String> {
     v
 }
 
-/// A query filter relative to `parent`. `$expr` is rewritten by `expr`
-/// (the aggregation expression rewriter), which may refuse it.
+/// A query filter relative to `parent`. `$expr` and `$jsonSchema` are
+/// rewritten by `special` (the aggregation and schema rewriters), which may
+/// refuse them.
 pub fn filter(
     f: &Document,
     parent: &[String],
     policy: &Policy,
     names: &dyn Names,
-    expr: &dyn Fn(&Bson) -> Result<Bson, ProxyError>,
+    expr: &dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>,
 ) -> Result<Document, ProxyError> {
     let mut out = Document::new();
     for (k, v) in f {
@@ -231,8 +232,8 @@ pub fn filter(
                 };
                 out.insert(k.clone(), subs);
             }
-            "$expr" => {
-                out.insert(k.clone(), expr(v)?);
+            "$expr" | "$jsonSchema" => {
+                out.insert(k.clone(), expr(k, v)?);
             }
             k if k.starts_with('$') => {
                 // $text, $comment, … ($where is refused before this).
@@ -256,7 +257,7 @@ fn condition(
     scope: &[String],
     policy: &Policy,
     names: &dyn Names,
-    expr: &dyn Fn(&Bson) -> Result<Bson, ProxyError>,
+    expr: &dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>,
 ) -> Result<Bson, ProxyError> {
     if policy.is_value_path(scope) {
         return Ok(value_condition(v, names));

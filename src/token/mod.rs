@@ -7,7 +7,8 @@ pub mod store;
 
 pub use policy::{Policies, Policy};
 pub use store::{
-    value_scope, Consistent, Dictionary, NameStore, Names, RoundTrips, ScopeNames, StoreError,
+    value_scope, Consistent, Dictionary, NameStore, Names, Recorder, RoundTrips, ScopeNames,
+    StoreError,
 };
 
 /// Tokenization as the proxy runs it: which names, and the store that holds them.

@@ -80,6 +80,9 @@ impl Policy {
 pub struct Policies {
     default: Policy,
     rules: Vec<(String, Policy)>,
+    /// Commands and aggregation stages unknown to the rewriter that the
+    /// operator has declared free of field names: forwarded as they are.
+    pub pass_through: Vec<String>,
 }
 
 impl Policies {
@@ -87,6 +90,7 @@ impl Policies {
         Policies {
             default,
             rules: Vec::new(),
+            pass_through: Vec::new(),
         }
     }
 

@@ -98,6 +98,11 @@ impl NameStore {
         }
     }
 
+    /// The database the store lives in.
+    pub fn database_name(&self) -> String {
+        self.coll.namespace().db
+    }
+
     fn scope(&self, scope: &str) -> Arc<RwLock<Scope>> {
         self.cache
             .entry(scope.to_owned())
@@ -334,6 +339,41 @@ impl Names for Consistent<'_> {
     }
     fn values(&self) -> Vec<(u32, Arc<str>)> {
         self.inner.values()
+    }
+}
+
+/// A dictionary that knows nothing and writes down every name and value a
+/// rewrite asks it for: a dry run of a command through it lists exactly the
+/// names the command would store under the policy, whatever the command.
+#[derive(Default)]
+pub struct Recorder {
+    pub names: std::cell::RefCell<Vec<String>>,
+    pub values: std::cell::RefCell<Vec<String>>,
+}
+
+impl Names for Recorder {
+    fn token(&self, name: &str) -> Option<u32> {
+        let mut names = self.names.borrow_mut();
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+        None
+    }
+    fn name(&self, _: u32) -> Option<Arc<str>> {
+        None
+    }
+    fn value_token(&self, value: &str) -> Option<u32> {
+        let mut values = self.values.borrow_mut();
+        if !values.iter().any(|v| v == value) {
+            values.push(value.to_owned());
+        }
+        None
+    }
+    fn value(&self, _: u32) -> Option<Arc<str>> {
+        None
+    }
+    fn values(&self) -> Vec<(u32, Arc<str>)> {
+        Vec::new()
     }
 }
 

@@ -849,6 +849,38 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         );
         assert_eq!(e.message, format!("laconic: {message}"), "{stage}");
     }
+    // Unknown commands are refused too, unless declared free of names.
+    let err = db
+        .run_command(doc! {"madeUpCommand": "c", "long_name": 1})
+        .await
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
+        panic!("{err}")
+    };
+    assert_eq!(e.code, 115);
+    assert_eq!(e.message, "laconic: the command madeUpCommand is unknown to Laconic, so the field names it may carry cannot be rewritten (list it in proxy.tokenize.pass_through if it carries none)");
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 4;
+    config.tokenize.store_db = db_name("aggref", "store");
+    config.tokenize.pass_through = vec!["madeUpCommand".into(), "$madeUpStage".into()];
+    let lenient = common::start(config).await;
+    let ldb = common::via_proxy(&lenient).await.database(&db_name_proxy);
+    for outcome in [
+        ldb.run_command(doc! {"madeUpCommand": "c"})
+            .await
+            .map(|_| ()),
+        ldb.collection::<Document>("c")
+            .aggregate(vec![doc! {"$madeUpStage": {}}])
+            .await
+            .map(|_| ()),
+    ] {
+        // Forwarded: the upstream's own answer, not the proxy's refusal.
+        if let Err(err) = outcome {
+            if let mongodb::error::ErrorKind::Command(e) = *err.kind {
+                assert!(!e.message.starts_with("laconic:"), "{}", e.message);
+            }
+        }
+    }
     // mapReduce, as a command.
     let err = db
         .run_command(doc! {"mapReduce": "c", "map": "function() { emit(this.long_name, 1) }", "reduce": "function(k, v) { return 1 }", "out": {"inline": 1}})

@@ -11,6 +11,7 @@ mod handshake;
 mod name_store;
 mod passthrough;
 mod pymongo;
+mod schema;
 mod shard_key;
 mod shutdown;
 mod tokenize;

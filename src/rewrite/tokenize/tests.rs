@@ -7,7 +7,7 @@ use crate::token::Policy;
 
 type Dict = crate::token::Dictionary;
 
-fn no_expr(e: &Bson) -> Result<Bson, crate::error::ProxyError> {
+fn no_expr(_: &str, e: &Bson) -> Result<Bson, crate::error::ProxyError> {
     Ok(e.clone())
 }
 

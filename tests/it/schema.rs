@@ -1,0 +1,297 @@
+//! Indexes, validators, views and change streams through the token mapping,
+//! compared with the same commands sent directly on an untokenized twin.
+
+use bson::{doc, Bson, Document};
+use futures::{StreamExt, TryStreamExt};
+use mongodb::{Database, IndexModel};
+
+use crate::common::{self, db_name};
+
+async fn twins(test: &str) -> (laconic::downstream::ProxyHandle, Database, Database) {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 5;
+    config.tokenize.custom_paths = vec!["custom".into()];
+    config.tokenize.store_db = db_name(test, "store");
+    let proxy = common::start(config).await;
+    let via = common::via_proxy(&proxy)
+        .await
+        .database(&db_name(test, "proxy"));
+    let direct = common::direct().await.database(&db_name(test, "direct"));
+    for db in [&via, &direct] {
+        db.drop().await.unwrap();
+    }
+    (proxy, via, direct)
+}
+
+/// Index specs as listIndexes gives them, without the fields that name the
+/// namespace (which differs between the twins).
+async fn index_specs(db: &Database, coll: &str) -> Vec<Document> {
+    let mut specs: Vec<Document> = db
+        .run_cursor_command(doc! {"listIndexes": coll, "cursor": {"batchSize": 1}})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    for s in &mut specs {
+        s.remove("ns");
+    }
+    specs.sort_by_key(|s| s.get_str("name").unwrap_or_default().to_owned());
+    specs
+}
+
+#[tokio::test]
+async fn index_lifecycle_matches_the_twin() {
+    let (_proxy, via, direct) = twins("idx").await;
+    let mut seen = Vec::new();
+    for db in [&via, &direct] {
+        let c = db.collection::<Document>("people");
+        c.insert_many(vec![
+            doc! {"_id": 1, "email_address": "a@x", "custom": {"Loyalty Tier": 1}, "about_text": "hello world", "score": 3},
+            doc! {"_id": 2, "email_address": "b@x", "custom": {"Loyalty Tier": 2}, "about_text": "bonjour", "score": 8},
+        ])
+        .await
+        .unwrap();
+        c.create_indexes(vec![
+            IndexModel::builder()
+                .keys(doc! {"email_address": 1})
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+            IndexModel::builder()
+                .keys(doc! {"custom.Loyalty Tier": -1, "score": 1})
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .partial_filter_expression(doc! {"score": {"$gt": 1}})
+                        .build(),
+                )
+                .build(),
+            IndexModel::builder().keys(doc! {"custom.$**": 1}).build(),
+        ])
+        .await
+        .unwrap();
+        let specs = index_specs(db, "people").await;
+        // A hint by key pattern, in find and in count.
+        let hinted = common::by_id(&c, doc! {"score": {"$gt": 0}}).await;
+        let with_hint: Vec<Document> = c
+            .find(doc! {"email_address": {"$exists": true}})
+            .hint(mongodb::options::Hint::Keys(doc! {"email_address": 1}))
+            .sort(doc! {"_id": 1})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        // Duplicate keys report logical names.
+        let dup = c
+            .insert_one(doc! {"_id": 3, "email_address": "a@x"})
+            .await
+            .unwrap_err();
+        let dup = match *dup.kind {
+            mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) => {
+                (e.code, e.message.contains("email_address"))
+            }
+            other => panic!("{other:?}"),
+        };
+        c.drop_index("email_address_1").await.unwrap();
+        db.run_command(
+            doc! {"dropIndexes": "people", "index": {"custom.Loyalty Tier": -1, "score": 1}},
+        )
+        .await
+        .unwrap();
+        let after = index_specs(db, "people").await;
+        seen.push((specs, hinted, with_hint, dup, after));
+    }
+    assert_eq!(seen[0], seen[1]);
+    assert_eq!(seen[0].0.len(), 4, "{:?}", seen[0].0);
+    assert_eq!(seen[0].4.len(), 2, "{:?}", seen[0].4);
+    // Upstream, the key patterns are on tokens.
+    let raw = index_specs(
+        &common::direct().await.database(&db_name("idx", "proxy")),
+        "people",
+    )
+    .await;
+    assert!(raw
+        .iter()
+        .all(|s| !s.get_document("key").unwrap().contains_key("email_address")));
+}
+
+#[tokio::test]
+async fn validators_and_views_match_the_twin() {
+    let (_proxy, via, direct) = twins("val").await;
+    let mut seen = Vec::new();
+    for db in [&via, &direct] {
+        db.run_command(doc! {
+            "create": "members",
+            "validator": {"$jsonSchema": {
+                "bsonType": "object",
+                "required": ["email_address", "custom"],
+                "properties": {
+                    "email_address": {"bsonType": "string"},
+                    "custom": {"bsonType": "object", "properties": {"Loyalty Tier": {"bsonType": "int", "minimum": 0}}},
+                },
+            }},
+        })
+        .await
+        .unwrap();
+        let c = db.collection::<Document>("members");
+        c.insert_one(doc! {"_id": 1, "email_address": "a@x", "custom": {"Loyalty Tier": 2}})
+            .await
+            .unwrap();
+        let invalid = c
+            .insert_one(doc! {"_id": 2, "custom": {"Loyalty Tier": -1}})
+            .await
+            .unwrap_err();
+        let code = match *invalid.kind {
+            mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) => e.code,
+            other => panic!("{other:?}"),
+        };
+        db.run_command(doc! {"collMod": "members", "validator": {"$expr": {"$gte": ["$custom.Loyalty Tier", 1]}}})
+            .await
+            .unwrap();
+        let after_collmod = c
+            .insert_one(doc! {"_id": 3, "email_address": "c@x", "custom": {"Loyalty Tier": 0}})
+            .await
+            .is_err();
+        db.run_command(doc! {
+            "create": "member_emails",
+            "viewOn": "members",
+            "pipeline": [{"$project": {"contact_email": "$email_address", "tier_level": "$custom.Loyalty Tier"}}],
+        })
+        .await
+        .unwrap();
+        let view = common::by_id(
+            &db.collection("member_emails"),
+            doc! {"tier_level": {"$gte": 1}},
+        )
+        .await;
+        let mut listed: Vec<Document> = db
+            .run_cursor_command(doc! {"listCollections": 1, "filter": {"name": {"$in": ["members", "member_emails"]}}})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        for l in &mut listed {
+            l.remove("info");
+            if let Ok(id_index) = l.get_document_mut("idIndex") {
+                id_index.remove("ns");
+            }
+        }
+        listed.sort_by_key(|l| l.get_str("name").unwrap_or_default().to_owned());
+        seen.push((code, after_collmod, view, listed));
+    }
+    assert_eq!(seen[0], seen[1]);
+    assert_eq!(seen[0].0, 121);
+    assert!(seen[0].1, "the collMod validator rejects tier 0");
+    assert_eq!(seen[0].2.len(), 1);
+}
+
+/// The next change event, as the driver gives it, without what differs
+/// between the twins by nature (resume token, times, namespaces, UUIDs).
+async fn next_event(
+    stream: &mut mongodb::change_stream::ChangeStream<
+        mongodb::change_stream::event::ChangeStreamEvent<Document>,
+    >,
+) -> Document {
+    let event = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+        .await
+        .expect("an event within 10 s")
+        .unwrap()
+        .unwrap();
+    let mut d = bson::to_document(&event).unwrap();
+    for k in [
+        "_id",
+        "clusterTime",
+        "wallTime",
+        "ns",
+        "collectionUUID",
+        "lsid",
+        "txnNumber",
+    ] {
+        d.remove(k);
+    }
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_events_match_the_twin_and_resume() {
+    let (proxy, via, direct) = twins("cs").await;
+    let mut events = Vec::new();
+    for (side, db) in [("proxy", &via), ("direct", &direct)] {
+        let c = db.collection::<Document>("people");
+        c.insert_one(doc! {"_id": 0, "seed_value": 1})
+            .await
+            .unwrap();
+        let mut coll_stream = c
+            .watch()
+            .pipeline(vec![doc! {"$match": {"operationType": {"$in": ["insert", "update", "replace", "delete"]}, "fullDocument.ignored_field": {"$exists": false}}}])
+            .full_document(mongodb::options::FullDocumentType::UpdateLookup)
+            .await
+            .unwrap();
+        let mut db_stream = db.watch().await.unwrap();
+        c.insert_one(doc! {"_id": 1, "first_name": "Ada", "custom": {"Favorite Player": "x"}, "long_array": [1, 2, 3]})
+            .await
+            .unwrap();
+        c.update_one(
+            doc! {"_id": 1},
+            doc! {"$set": {"custom.Favorite Player": "y", "middle_name": "B"}, "$unset": {"first_name": ""}, "$pop": {"long_array": 1}},
+        )
+        .await
+        .unwrap();
+        c.replace_one(doc! {"_id": 1}, doc! {"replaced_field": true})
+            .await
+            .unwrap();
+        c.delete_one(doc! {"_id": 1}).await.unwrap();
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            got.push(next_event(&mut coll_stream).await);
+        }
+        let db_event = next_event(&mut db_stream).await;
+        // Resume after the first event: the rest come again.
+        let token = {
+            let mut s = c.watch().await.unwrap();
+            c.insert_one(doc! {"_id": 2, "resumed_field": 1})
+                .await
+                .unwrap();
+            s.next().await.unwrap().unwrap();
+            s.resume_token().unwrap()
+        };
+        c.insert_one(doc! {"_id": 3, "resumed_field": 2})
+            .await
+            .unwrap();
+        let mut resumed = c.watch().resume_after(token).await.unwrap();
+        let after_resume = next_event(&mut resumed).await;
+        let _ = side;
+        events.push((got, db_event, after_resume));
+    }
+    assert_eq!(events[0], events[1]);
+    let update = &events[0].0[1];
+    let desc = update.get_document("updateDescription").unwrap();
+    assert!(
+        desc.get_document("updatedFields")
+            .unwrap()
+            .contains_key("custom.Favorite Player"),
+        "{desc}"
+    );
+    assert_eq!(
+        desc.get_array("removedFields").unwrap(),
+        &vec![Bson::from("first_name")]
+    );
+
+    // A cluster-wide stream names each event's fields with its database's dictionary.
+    let admin = common::via_proxy(&proxy).await;
+    let mut cluster = admin.watch().await.unwrap();
+    via.collection::<Document>("people")
+        .insert_one(doc! {"_id": 9, "cluster_field": "z"})
+        .await
+        .unwrap();
+    let event = next_event(&mut cluster).await;
+    assert_eq!(
+        event.get_document("fullDocument").unwrap(),
+        &doc! {"_id": 9, "cluster_field": "z"}
+    );
+}
