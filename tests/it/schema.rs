@@ -145,8 +145,11 @@ async fn validators_and_views_match_the_twin() {
             .insert_one(doc! {"_id": 2, "custom": {"Loyalty Tier": -1}})
             .await
             .unwrap_err();
+        // The server's account of the failure (errInfo) names logical fields.
         let code = match *invalid.kind {
-            mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) => e.code,
+            mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) => {
+                (e.code, e.details)
+            }
             other => panic!("{other:?}"),
         };
         db.run_command(doc! {"collMod": "members", "validator": {"$expr": {"$gte": ["$custom.Loyalty Tier", 1]}}})
@@ -185,7 +188,12 @@ async fn validators_and_views_match_the_twin() {
         seen.push((code, after_collmod, view, listed));
     }
     assert_eq!(seen[0], seen[1]);
-    assert_eq!(seen[0].0, 121);
+    assert_eq!(seen[0].0 .0, 121);
+    let err_info = format!("{:?}", seen[0].0 .1);
+    assert!(
+        err_info.contains("Loyalty Tier") && err_info.contains("email_address"),
+        "{err_info}"
+    );
     assert!(seen[0].1, "the collMod validator rejects tier 0");
     assert_eq!(seen[0].2.len(), 1);
 }
@@ -294,4 +302,47 @@ async fn change_events_match_the_twin_and_resume() {
         event.get_document("fullDocument").unwrap(),
         &doc! {"_id": 9, "cluster_field": "z"}
     );
+}
+
+#[tokio::test]
+async fn explain_echoes_logical_names() {
+    let (_proxy, via, direct) = twins("expl").await;
+    let mut seen = Vec::new();
+    for db in [&via, &direct] {
+        let c = db.collection::<Document>("people");
+        c.insert_one(doc! {"_id": 1, "first_name": "Ada", "custom": {"Loyalty Tier": 2}})
+            .await
+            .unwrap();
+        c.create_index(IndexModel::builder().keys(doc! {"first_name": 1}).build())
+            .await
+            .unwrap();
+        let mut parts = Vec::new();
+        for inner in [
+            doc! {"find": "people", "filter": {"first_name": "Ada", "custom.Loyalty Tier": {"$gt": 1}}, "projection": {"first_name": 1}},
+            doc! {"aggregate": "people", "pipeline": [{"$match": {"first_name": "Ada"}}, {"$group": {"_id": "$custom.Loyalty Tier", "people_count": {"$sum": 1}}}], "cursor": {}},
+            doc! {"count": "people", "query": {"first_name": "Ada"}},
+            doc! {"distinct": "people", "key": "first_name", "query": {"custom.Loyalty Tier": 2}},
+            doc! {"update": "people", "updates": [{"q": {"first_name": "Ada"}, "u": {"$set": {"middle_name": "B"}}}]},
+            doc! {"delete": "people", "deletes": [{"q": {"first_name": "Nobody"}, "limit": 1}]},
+            doc! {"findAndModify": "people", "query": {"first_name": "Ada"}, "update": {"$inc": {"custom.Loyalty Tier": 1}}},
+        ] {
+            let reply = db
+                .run_command(doc! {"explain": inner.clone(), "verbosity": "queryPlanner"})
+                .await
+                .unwrap();
+            let planner = reply.get_document("queryPlanner").ok();
+            let parsed = planner.and_then(|p| p.get("parsedQuery").cloned());
+            let mut echoed = reply
+                .get_document("command")
+                .ok()
+                .cloned()
+                .unwrap_or_default();
+            echoed.remove("$db");
+            parts.push((parsed, echoed));
+        }
+        seen.push(parts);
+    }
+    assert_eq!(seen[0], seen[1]);
+    let text = format!("{:?}", seen[0]);
+    assert!(text.contains("first_name"), "{text}");
 }
