@@ -431,7 +431,12 @@ impl<'a> Tok<'a> {
                                 v.clone()
                             }
                             (_, v) if self.policy.is_value_path(&scope) => {
-                                super::tokenize::value_literal(v, self.names)
+                                super::tokenize::value_at(
+                                    v,
+                                    &mut scope.clone(),
+                                    self.policy,
+                                    self.names,
+                                )
                             }
                             (_, Bson::Document(d)) => Bson::Document(document(
                                 d,

@@ -42,7 +42,7 @@ fn value_needed(v: &Bson) -> bool {
 }
 
 /// The logical form of a stored key.
-pub fn key<'k>(k: &'k str, names: &dyn Names, unknown: &mut Vec<u32>) -> Cow<'k, str> {
+pub fn key<'k>(k: &'k str, names: &'k dyn Names, unknown: &mut Vec<u32>) -> Cow<'k, str> {
     if k.as_bytes().first() == Some(&ESCAPE) {
         return Cow::Borrowed(&k[1..]);
     }
@@ -60,10 +60,10 @@ pub fn key<'k>(k: &'k str, names: &dyn Names, unknown: &mut Vec<u32>) -> Cow<'k,
     )
 }
 
-fn component<'k>(c: &'k str, names: &dyn Names, unknown: &mut Vec<u32>) -> Cow<'k, str> {
+fn component<'k>(c: &'k str, names: &'k dyn Names, unknown: &mut Vec<u32>) -> Cow<'k, str> {
     match decode(c) {
         Some(Stored::Token(n)) => match names.name(n) {
-            Some(name) => Cow::Owned(name.to_string()),
+            Some(name) => Cow::Borrowed(name),
             None => {
                 unknown.push(n);
                 Cow::Borrowed(c)
@@ -124,25 +124,7 @@ fn expand_value(v: &Bson, names: &dyn Names, unknown: &mut Unknown) -> Bson {
 // the bytes are copied, values are copied as they are (or, for a value
 // token, written as the string it stands for). Replies take this path.
 
-use bson::{RawBsonRef, RawDocument, RawDocumentBuf};
-
-/// Whether anything in a raw reply needs expanding, without allocating.
-pub fn needed_raw(doc: &RawDocument) -> bool {
-    doc.iter().any(|e| match e {
-        Ok(("errmsg", RawBsonRef::String(text))) => text.bytes().any(starts_token),
-        Ok((k, v)) => key_needed(k) || raw_value_needed(v),
-        Err(_) => false,
-    })
-}
-
-fn raw_value_needed(v: RawBsonRef<'_>) -> bool {
-    match v {
-        RawBsonRef::Binary(b) => b.subtype == BinarySubtype::UserDefined(VALUE_SUBTYPE),
-        RawBsonRef::Document(d) => needed_raw(d),
-        RawBsonRef::Array(a) => RawDocument::from_bytes(a.as_bytes()).is_ok_and(needed_raw),
-        _ => false,
-    }
-}
+use bson::{RawDocument, RawDocumentBuf};
 
 /// Which string values hold paths (and so may hold tokens). Keys are always
 /// expanded; strings only where the reply's kind says they are paths.
@@ -168,7 +150,7 @@ pub enum Strings {
 }
 
 impl Strings {
-    fn under(self, key: &str) -> Strings {
+    pub(super) fn under(self, key: &str) -> Strings {
         match (self, key) {
             (
                 Strings::Events | Strings::ClusterEvents,
@@ -181,7 +163,7 @@ impl Strings {
 }
 
 /// A string value that spells a path, with its tokens expanded.
-fn path_string(s: &str, names: &dyn Names, unknown: &mut Vec<u32>) -> Option<String> {
+pub(super) fn path_string(s: &str, names: &dyn Names, unknown: &mut Vec<u32>) -> Option<String> {
     if !s.bytes().any(starts_token) {
         return None;
     }
@@ -213,7 +195,7 @@ pub fn raw_document_with(
     let mut out = Vec::with_capacity(doc.as_bytes().len() * 2);
     // Malformed input cannot come from a server's reply that parsed; if it
     // does, the reply is left for the caller to forward unchanged.
-    if write_doc(doc, false, names, &mut unknown, &mut out, strings).is_err() {
+    if super::raw::expand(doc.as_bytes(), names, strings, &mut unknown, &mut out).is_err() {
         return Ok(doc.to_owned());
     }
     if !unknown.names.is_empty() || !unknown.values.is_empty() {
@@ -224,75 +206,6 @@ pub fn raw_document_with(
         return Err(unknown);
     }
     Ok(RawDocumentBuf::from_bytes(out).unwrap_or_else(|_| doc.to_owned()))
-}
-
-fn write_doc(
-    doc: &RawDocument,
-    is_array: bool,
-    names: &dyn Names,
-    unknown: &mut Unknown,
-    out: &mut Vec<u8>,
-    strings: Strings,
-) -> Result<(), bson::raw::Error> {
-    let start = out.len();
-    out.extend_from_slice(&[0; 4]);
-    for element in doc {
-        let (k, v) = element?;
-        let inner = if is_array { strings } else { strings.under(k) };
-        let k = if is_array {
-            Cow::Borrowed(k)
-        } else {
-            key(k, names, &mut unknown.names)
-        };
-        match v {
-            RawBsonRef::Document(d) => {
-                element_header(out, 0x03, &k);
-                write_doc(d, false, names, unknown, out, inner)?;
-            }
-            RawBsonRef::Array(a) => {
-                element_header(out, 0x04, &k);
-                write_doc(
-                    RawDocument::from_bytes(a.as_bytes())?,
-                    true,
-                    names,
-                    unknown,
-                    out,
-                    inner,
-                )?;
-            }
-            RawBsonRef::String(text) if inner == Strings::Paths && k != "errmsg" => {
-                match path_string(text, names, &mut unknown.names) {
-                    Some(p) => write_scalar(out, &k, RawBsonRef::String(&p)),
-                    None => write_scalar(out, &k, v),
-                }
-            }
-            RawBsonRef::String(text) if k == "errmsg" && text.bytes().any(starts_token) => {
-                let text = expand_text(text, names);
-                write_scalar(out, &k, RawBsonRef::String(&text));
-            }
-            RawBsonRef::Binary(b) if b.subtype == BinarySubtype::UserDefined(VALUE_SUBTYPE) => {
-                match value_number(b.bytes).map(|n| (n, names.value(n))) {
-                    Some((_, Some(value))) => {
-                        element_header(out, 0x02, &k);
-                        out.extend_from_slice(&(value.len() as i32 + 1).to_le_bytes());
-                        out.extend_from_slice(value.as_bytes());
-                        out.push(0);
-                    }
-                    other => {
-                        if let Some((n, None)) = other {
-                            unknown.values.push(n);
-                        }
-                        write_scalar(out, &k, v);
-                    }
-                }
-            }
-            v => write_scalar(out, &k, v),
-        }
-    }
-    out.push(0);
-    let len = (out.len() - start) as i32;
-    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    Ok(())
 }
 
 fn starts_token(b: u8) -> bool {
@@ -337,7 +250,7 @@ pub fn expand_text(text: &str, names: &dyn Names) -> String {
         });
         match found {
             Some((e, name)) => {
-                out.push_str(&name);
+                out.push_str(name);
                 i = e;
             }
             None => {
@@ -347,55 +260,4 @@ pub fn expand_text(text: &str, names: &dyn Names) -> String {
         }
     }
     out
-}
-
-fn element_header(out: &mut Vec<u8>, kind: u8, key: &str) {
-    out.push(kind);
-    out.extend_from_slice(key.as_bytes());
-    out.push(0);
-}
-
-/// Copies one scalar element: the common types directly, the rest through
-/// the bson crate's own writer.
-fn write_scalar(out: &mut Vec<u8>, key: &str, v: RawBsonRef<'_>) {
-    match v {
-        RawBsonRef::Int32(i) => {
-            element_header(out, 0x10, key);
-            out.extend_from_slice(&i.to_le_bytes());
-        }
-        RawBsonRef::Int64(i) => {
-            element_header(out, 0x12, key);
-            out.extend_from_slice(&i.to_le_bytes());
-        }
-        RawBsonRef::Double(d) => {
-            element_header(out, 0x01, key);
-            out.extend_from_slice(&d.to_le_bytes());
-        }
-        RawBsonRef::String(s) => {
-            element_header(out, 0x02, key);
-            out.extend_from_slice(&(s.len() as i32 + 1).to_le_bytes());
-            out.extend_from_slice(s.as_bytes());
-            out.push(0);
-        }
-        RawBsonRef::Boolean(b) => {
-            element_header(out, 0x08, key);
-            out.push(u8::from(b));
-        }
-        RawBsonRef::Null => element_header(out, 0x0A, key),
-        RawBsonRef::ObjectId(oid) => {
-            element_header(out, 0x07, key);
-            out.extend_from_slice(&oid.bytes());
-        }
-        RawBsonRef::DateTime(dt) => {
-            element_header(out, 0x09, key);
-            out.extend_from_slice(&dt.timestamp_millis().to_le_bytes());
-        }
-        other => {
-            let mut one = RawDocumentBuf::new();
-            one.append_ref(key, other);
-            let bytes = one.as_bytes();
-            // Drop the document's length prefix and final NUL: one element remains.
-            out.extend_from_slice(&bytes[4..bytes.len() - 1]);
-        }
-    }
 }

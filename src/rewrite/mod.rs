@@ -11,13 +11,14 @@ pub mod cursor;
 pub mod expand;
 mod hello;
 mod pipeline;
+pub mod raw;
 pub mod shard_key;
 pub mod tokenize;
 
 use bson::RawBsonRef;
 
 use crate::error::ProxyError;
-use crate::token::{Consistent, ScopeNames, Tokens};
+use crate::token::{Consistent, Tokens};
 use crate::wire::{Compressor, Frame, Message, OpMsg};
 pub use command::Command;
 use shard_key::{ReplyNeeds, ShardKeys};
@@ -230,6 +231,22 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
         };
         return Ok(Rewritten { frame: None, plan });
     }
+    // The hot write path: inserted documents go raw to raw, and every name
+    // they hold was allocated before the rewrite, so no lookup can change
+    // its answer while it runs.
+    if let (false, "insert", Some(t), Some(scope)) = (concerns, name, tokens, scope) {
+        let policy = t.policies.get(scope, collection.unwrap_or_default());
+        let msg = t
+            .store
+            .read(scope, |names| raw::insert(m, policy, names))
+            .map_err(|e| {
+                ProxyError::Unsupported(format!("an insert that is not valid BSON: {e}"))
+            })?;
+        return Ok(Rewritten {
+            frame: Some(frame.clone().with_message(Message::Msg(msg))),
+            plan: ReplyPlan::Rewrite(rules),
+        });
+    }
     let mut cmd = Command::from_msg(m)?;
     if concerns {
         rules.shard = keys.request(&mut cmd)?;
@@ -248,11 +265,9 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
         }
     }
     if let (Some(t), Some(scope)) = (tokens, scope) {
-        let names = ScopeNames {
-            store: &t.store,
-            scope,
-        };
-        crud::command(&mut cmd, scope, &t.policies, &Consistent::new(&names))?;
+        t.store.read(scope, |names| {
+            crud::command(&mut cmd, scope, &t.policies, &Consistent::new(names))
+        })?;
     }
     let msg = cmd.into_msg(m)?;
     Ok(Rewritten {
@@ -345,17 +360,15 @@ fn expand_cluster_events(
         else {
             continue;
         };
-        let names = ScopeNames {
-            store: &t.store,
-            scope: &db,
-        };
         let raw = command::to_raw(e)?;
-        let expanded =
-            expand::raw_document_with(&raw, &names, expand::Strings::Events).map_err(|u| {
-                ProxyError::UnknownTokens {
-                    scope: db.clone(),
-                    tokens: u.names.into_iter().chain(u.values).collect(),
-                }
+        let expanded = t
+            .store
+            .read(&db, |names| {
+                expand::raw_document_with(&raw, names, expand::Strings::Events)
+            })
+            .map_err(|u| ProxyError::UnknownTokens {
+                scope: db.clone(),
+                tokens: u.names.into_iter().chain(u.values).collect(),
             })?;
         *e = command::to_document(&expanded)?;
         changed = true;
@@ -430,12 +443,12 @@ pub fn reply(
                 if rules.strings != expand::Strings::Data {
                     remember_cursor(m.body(), rules, &settings.cursor_kinds);
                 }
-                if rules.strings != expand::Strings::Data || expand::needed_raw(m.body()) {
-                    let names = ScopeNames {
-                        store: &t.store,
-                        scope,
-                    };
-                    let expanded = expand::raw_document_with(m.body(), &names, rules.strings)
+                if rules.strings != expand::Strings::Data || raw::needed(m.body().as_bytes()) {
+                    let expanded = t
+                        .store
+                        .read(scope, |names| {
+                            expand::raw_document_with(m.body(), names, rules.strings)
+                        })
                         .map_err(|u| ProxyError::UnknownTokens {
                             scope: scope.clone(),
                             tokens: u.names.into_iter().chain(u.values).collect(),

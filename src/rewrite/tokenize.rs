@@ -116,6 +116,29 @@ pub fn value_literal(v: &Bson, names: &dyn Names) -> Bson {
     }
 }
 
+/// A value stored at a value path: strings become value tokens (in arrays
+/// too); a document is stored as any other, except an update's
+/// `{$each: […]}`, whose elements are values.
+pub fn value_at(v: &Bson, parent: &mut Vec<String>, policy: &Policy, names: &dyn Names) -> Bson {
+    match v {
+        Bson::String(_) => value_literal(v, names),
+        Bson::Array(a) => Bson::Array(
+            a.iter()
+                .map(|x| value_at(x, parent, policy, names))
+                .collect(),
+        ),
+        Bson::Document(d) if d.contains_key("$each") => {
+            let mut out = d.clone();
+            if let Some(e) = d.get("$each") {
+                out.insert("$each", value_at(e, parent, policy, names));
+            }
+            Bson::Document(out)
+        }
+        Bson::Document(d) => Bson::Document(document(d, parent, policy, names)),
+        other => other.clone(),
+    }
+}
+
 pub fn value_token(t: u32) -> Bson {
     Bson::Binary(Binary {
         subtype: BinarySubtype::UserDefined(VALUE_SUBTYPE),
@@ -148,7 +171,7 @@ pub fn document(
         };
         parent.push(k.clone());
         let v = if policy.is_value_path(parent) {
-            value_literal(v, names)
+            value_at(v, parent, policy, names)
         } else {
             value(v, parent, policy, names)
         };

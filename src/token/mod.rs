@@ -7,7 +7,7 @@ pub mod store;
 
 pub use policy::{Policies, Policy};
 pub use store::{
-    value_scope, Consistent, Dictionary, NameStore, Names, Recorder, RoundTrips, ScopeNames,
+    value_scope, Consistent, Dictionary, NameStore, Names, Recorder, RoundTrips, Snapshot,
     StoreError,
 };
 

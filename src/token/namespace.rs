@@ -70,8 +70,12 @@ pub fn token_len(n: u32) -> usize {
     len
 }
 
-/// The key that stands for token number `n`.
-pub fn encode(n: u32) -> String {
+/// The longest token: 31 · 93⁵ exceeds every `u32`.
+pub const MAX_TOKEN_LEN: usize = 6;
+
+/// The bytes of the key that stands for token number `n`, without
+/// allocating: `(buffer, length)`.
+pub fn encode_bytes(n: u32) -> ([u8; MAX_TOKEN_LEN], usize) {
     let len = token_len(n);
     // Offset of n inside its length block.
     let mut n = u64::from(n);
@@ -80,16 +84,20 @@ pub fn encode(n: u32) -> String {
         n -= block;
         block *= u64::from(R);
     }
-    let mut tail = Vec::with_capacity(len - 1);
-    for _ in 1..len {
-        tail.push(rest_digit((n % u64::from(R)) as u32));
+    let mut out = [0u8; MAX_TOKEN_LEN];
+    for i in (1..len).rev() {
+        out[i] = rest_digit((n % u64::from(R)) as u32);
         n /= u64::from(R);
     }
-    let mut bytes = Vec::with_capacity(len);
-    bytes.push(FIRST[n as usize]);
-    bytes.extend(tail.iter().rev());
+    out[0] = FIRST[n as usize];
+    (out, len)
+}
+
+/// The key that stands for token number `n`.
+pub fn encode(n: u32) -> String {
+    let (bytes, len) = encode_bytes(n);
     // Every byte is ASCII.
-    String::from_utf8(bytes).unwrap_or_default()
+    String::from_utf8(bytes[..len].to_vec()).unwrap_or_default()
 }
 
 /// What a stored key is.

@@ -25,6 +25,8 @@
 //! only the newest document needs reloading.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, RwLock};
 
 use bson::{doc, Bson, Document};
@@ -49,7 +51,7 @@ struct Scope {
     /// token number → name
     names: Vec<Arc<str>>,
     /// name → token number
-    tokens: HashMap<Arc<str>, u32>,
+    tokens: FxHashMap<Arc<str>, u32>,
     /// The newest chain document read so far: (seq, leastvalue, len).
     newest: Option<(i64, u32, usize)>,
 }
@@ -288,10 +290,10 @@ fn parse(d: &Document) -> Result<(i64, u32, Vec<String>), StoreError> {
 /// Token lookups for one scope, from the cache only: what the pure rewriters use.
 pub trait Names {
     fn token(&self, name: &str) -> Option<u32>;
-    fn name(&self, token: u32) -> Option<Arc<str>>;
+    fn name(&self, token: u32) -> Option<&str>;
     /// The token of a tokenized value (a separate dictionary).
     fn value_token(&self, value: &str) -> Option<u32>;
-    fn value(&self, token: u32) -> Option<Arc<str>>;
+    fn value(&self, token: u32) -> Option<&str>;
     /// Every known value, for matching a regular expression against them.
     fn values(&self) -> Vec<(u32, Arc<str>)>;
 }
@@ -328,13 +330,13 @@ impl Names for Consistent<'_> {
     fn token(&self, name: &str) -> Option<u32> {
         self.memo(false, name, || self.inner.token(name))
     }
-    fn name(&self, token: u32) -> Option<Arc<str>> {
+    fn name(&self, token: u32) -> Option<&str> {
         self.inner.name(token)
     }
     fn value_token(&self, value: &str) -> Option<u32> {
         self.memo(true, value, || self.inner.value_token(value))
     }
-    fn value(&self, token: u32) -> Option<Arc<str>> {
+    fn value(&self, token: u32) -> Option<&str> {
         self.inner.value(token)
     }
     fn values(&self) -> Vec<(u32, Arc<str>)> {
@@ -359,7 +361,7 @@ impl Names for Recorder {
         }
         None
     }
-    fn name(&self, _: u32) -> Option<Arc<str>> {
+    fn name(&self, _: u32) -> Option<&str> {
         None
     }
     fn value_token(&self, value: &str) -> Option<u32> {
@@ -369,7 +371,7 @@ impl Names for Recorder {
         }
         None
     }
-    fn value(&self, _: u32) -> Option<Arc<str>> {
+    fn value(&self, _: u32) -> Option<&str> {
         None
     }
     fn values(&self) -> Vec<(u32, Arc<str>)> {
@@ -382,33 +384,49 @@ pub fn value_scope(scope: &str) -> String {
     format!("{scope}#values")
 }
 
-/// A scope of a [`NameStore`], seen through its cache.
-pub struct ScopeNames<'a> {
-    pub store: &'a NameStore,
-    pub scope: &'a str,
+/// A database's names and values as this proxy's cache holds them, read
+/// under one lock for the length of a rewrite: lookups borrow the names,
+/// so expanding a reply allocates nothing per key.
+pub struct Snapshot<'g> {
+    names: &'g Scope,
+    values: &'g Scope,
 }
 
-impl Names for ScopeNames<'_> {
+impl Names for Snapshot<'_> {
     fn token(&self, name: &str) -> Option<u32> {
-        self.store.cached_token(self.scope, name)
+        self.names.tokens.get(name).copied()
     }
-    fn name(&self, token: u32) -> Option<Arc<str>> {
-        self.store.cached_name(self.scope, token)
+    fn name(&self, token: u32) -> Option<&str> {
+        self.names.names.get(token as usize).map(|n| &**n)
     }
     fn value_token(&self, value: &str) -> Option<u32> {
-        self.store.cached_token(&value_scope(self.scope), value)
+        self.values.tokens.get(value).copied()
     }
-    fn value(&self, token: u32) -> Option<Arc<str>> {
-        self.store.cached_name(&value_scope(self.scope), token)
+    fn value(&self, token: u32) -> Option<&str> {
+        self.values.names.get(token as usize).map(|n| &**n)
     }
     fn values(&self) -> Vec<(u32, Arc<str>)> {
-        let s = self.store.scope(&value_scope(self.scope));
-        let s = s.read().unwrap_or_else(|p| p.into_inner());
-        s.names
+        self.values
+            .names
             .iter()
             .enumerate()
             .map(|(i, n)| (i as u32, n.clone()))
             .collect()
+    }
+}
+
+impl NameStore {
+    /// Runs `f` with the cached names and values of the database `scope`.
+    /// `f` must not call back into the store.
+    pub fn read<R>(&self, scope: &str, f: impl FnOnce(&Snapshot<'_>) -> R) -> R {
+        let names = self.scope(scope);
+        let values = self.scope(&value_scope(scope));
+        let names = names.read().unwrap_or_else(|p| p.into_inner());
+        let values = values.read().unwrap_or_else(|p| p.into_inner());
+        f(&Snapshot {
+            names: &names,
+            values: &values,
+        })
     }
 }
 
@@ -417,9 +435,9 @@ impl Names for ScopeNames<'_> {
 #[derive(Debug, Default)]
 pub struct Dictionary {
     names: Vec<Arc<str>>,
-    tokens: HashMap<String, u32>,
+    tokens: FxHashMap<String, u32>,
     values: Vec<Arc<str>>,
-    value_tokens: HashMap<String, u32>,
+    value_tokens: FxHashMap<String, u32>,
 }
 
 impl Dictionary {
@@ -449,14 +467,14 @@ impl Names for Dictionary {
     fn token(&self, name: &str) -> Option<u32> {
         self.tokens.get(name).copied()
     }
-    fn name(&self, token: u32) -> Option<Arc<str>> {
-        self.names.get(token as usize).cloned()
+    fn name(&self, token: u32) -> Option<&str> {
+        self.names.get(token as usize).map(|n| &**n)
     }
     fn value_token(&self, value: &str) -> Option<u32> {
         self.value_tokens.get(value).copied()
     }
-    fn value(&self, token: u32) -> Option<Arc<str>> {
-        self.values.get(token as usize).cloned()
+    fn value(&self, token: u32) -> Option<&str> {
+        self.values.get(token as usize).map(|v| &**v)
     }
     fn values(&self) -> Vec<(u32, Arc<str>)> {
         self.values
