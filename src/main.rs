@@ -44,6 +44,8 @@ enum BenchCommand {
     Shards(laconic::locality::simulate::Params),
     /// The cost of tokenizing and expanding a 1 KB document, against a plain copy.
     Rewrite(laconic::bench::rewrite::RewriteArgs),
+    /// Round trips and time the name store costs.
+    Store(laconic::bench::store::StoreArgs),
 }
 
 #[derive(Subcommand)]
@@ -143,6 +145,9 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Rewrite(args)) => {
             laconic::bench::rewrite::run(&args);
             Ok(())
+        }
+        Command::Bench(BenchCommand::Store(args)) => {
+            runtime.block_on(laconic::bench::store::run(&args))
         }
         Command::Bench(BenchCommand::Shards(params)) => {
             laconic::locality::simulate::run(&params);

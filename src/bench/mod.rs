@@ -8,6 +8,7 @@
 
 mod relay;
 pub mod rewrite;
+pub mod store;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
