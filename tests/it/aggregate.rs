@@ -830,6 +830,9 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         (doc! {"$search": {"text": {"query": "x", "path": "long_name"}}}, "the Atlas Search stage $search (its paths are resolved by the search index, over stored names) cannot be rewritten to tokenized names"),
         (doc! {"$out": "plain"}, &out_refusal),
         (doc! {"$madeUpStage": {}}, "the aggregation stage $madeUpStage is unknown to Laconic, so the field names it may carry cannot be rewritten"),
+        (doc! {"$project": {"x": {"$setField": {"field": "$long_name", "input": "$$ROOT", "value": 1}}}}, "$setField with a computed field name (only a constant name can be rewritten) cannot be rewritten to tokenized names"),
+        (doc! {"$match": {"$jsonSchema": {"patternProperties": {"^long": {"bsonType": "int"}}}}}, "$jsonSchema patternProperties (a regular expression over field names) cannot be rewritten to tokenized names"),
+        (doc! {"$lookup": {"from": {"db": "elsewhere", "coll": "c"}, "localField": "long_name", "foreignField": "x", "as": "joined"}}, "$lookup from elsewhere.c: another database has its own dictionary"),
         (doc! {"$project": {"x": {"$madeUpOperator": "$long_name"}}}, "the expression operator $madeUpOperator is unknown to Laconic, so the field names it may carry cannot be rewritten"),
     ];
     let c = db.collection::<Document>("c");
@@ -881,6 +884,19 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
             }
         }
     }
+    // A cluster-wide change stream cannot name document fields.
+    let err = common::via_proxy(&proxy)
+        .await
+        .watch()
+        .pipeline(vec![doc! {"$match": {"fullDocument.long_name": 1}}])
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
+        panic!("{err}")
+    };
+    assert_eq!(e.code, 115);
+    assert_eq!(e.message, "laconic: a stage naming document fields ($match) in a cluster-wide change stream cannot be rewritten: each database has its own dictionary; watch the database or the collection instead");
     // mapReduce, as a command.
     let err = db
         .run_command(doc! {"mapReduce": "c", "map": "function() { emit(this.long_name, 1) }", "reduce": "function(k, v) { return 1 }", "out": {"inline": 1}})
