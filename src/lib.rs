@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
+pub mod analyze;
 pub mod bench;
 pub mod capture;
 pub mod config;

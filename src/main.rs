@@ -34,6 +34,8 @@ enum Command {
     /// Generate or decode Locality UUIDs.
     #[command(subcommand)]
     Uuid(UuidCommand),
+    /// Where a collection's bytes go, and what tokenization would save.
+    Analyze(Box<AnalyzeArgs>),
 }
 
 #[derive(Subcommand)]
@@ -98,6 +100,19 @@ struct ServeArgs {
     /// DB.COLL:FIELD:STRATEGY[:sequential], STRATEGY being replace or derive (repeatable).
     #[arg(long = "shard-key", value_name = "SPEC", value_parser = laconic::config::ShardKeyConfig::parse_flag)]
     shard_keys: Vec<laconic::config::ShardKeyConfig>,
+    #[command(flatten)]
+    tokenize: TokenizeArgs,
+    /// Log format.
+    #[arg(long, value_enum, env = "LACONIC_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+    /// Log filter, e.g. info or laconic=debug.
+    #[arg(long, env = "LACONIC_LOG")]
+    log_level: Option<String>,
+}
+
+/// The tokenization flags, shared by `serve` and `analyze`.
+#[derive(Args)]
+struct TokenizeArgs {
     /// Tokenize every field name at least N bytes long (0 turns it off), in
     /// every database but admin, local, config and the name store's.
     #[arg(long, value_name = "N", env = "LACONIC_TOKENIZE_MIN_LEN")]
@@ -111,12 +126,58 @@ struct ServeArgs {
     /// The database that holds the name store.
     #[arg(long, value_name = "NAME", env = "LACONIC_STORE_DB")]
     store_db: Option<String>,
-    /// Log format.
-    #[arg(long, value_enum, env = "LACONIC_LOG_FORMAT")]
-    log_format: Option<LogFormat>,
-    /// Log filter, e.g. info or laconic=debug.
-    #[arg(long, env = "LACONIC_LOG")]
-    log_level: Option<String>,
+}
+
+impl TokenizeArgs {
+    /// Flags override the file.
+    fn apply(self, t: &mut laconic::config::TokenizeConfig) {
+        if let Some(v) = self.tokenize_min_len {
+            t.min_len = v;
+        }
+        t.custom_paths.extend(self.custom_paths);
+        t.value_paths.extend(self.value_paths);
+        if let Some(v) = self.store_db {
+            t.store_db = v;
+        }
+    }
+}
+
+#[derive(Args)]
+struct AnalyzeArgs {
+    /// JSON (Extended JSON: a document, an array, or one per line) or BSON
+    /// files (one document or a concatenation, such as a mongodump .bson).
+    files: Vec<PathBuf>,
+    /// Sample a live collection instead: the deployment's URI.
+    #[arg(long)]
+    uri: Option<String>,
+    #[arg(long)]
+    db: Option<String>,
+    #[arg(long)]
+    collection: Option<String>,
+    /// Documents to sample from the live collection.
+    #[arg(long, default_value_t = 1000)]
+    sample: usize,
+    /// The namespace (db.collection) whose tokenization settings project
+    /// the saving (default: --db/--collection, or any database's).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = AnalyzeFormat::Text)]
+    format: AnalyzeFormat,
+    /// Also write a bar chart of document size per input and projection.
+    #[arg(long, value_name = "FILE.svg")]
+    chart: Option<PathBuf>,
+    /// Configuration file whose [proxy.tokenize] settings are projected.
+    #[arg(long, env = "LACONIC_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    tokenize: TokenizeArgs,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AnalyzeFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args)]
@@ -154,7 +215,92 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Uuid(cmd) => uuid(cmd),
+        Command::Analyze(args) => runtime.block_on(analyze(*args)),
     }
+}
+
+async fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
+    use laconic::analyze;
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    args.tokenize.apply(&mut config.proxy.tokenize);
+    config.validate()?;
+    let policies = config.proxy.tokenize.policies();
+    let namespace = args
+        .namespace
+        .clone()
+        .or_else(|| {
+            Some(format!(
+                "{}.{}",
+                args.db.as_deref()?,
+                args.collection.as_deref()?
+            ))
+        })
+        .unwrap_or_else(|| "db.collection".into());
+    let mut policy = policies.for_namespace(&namespace).clone();
+    let mut note = String::new();
+    if !policy.is_active() {
+        policy = laconic::token::Policy::new(2, &[], &config.proxy.tokenize.store_db);
+        note = "no tokenization configured: projecting --tokenize-min-len 2\n".into();
+    }
+    let mut inputs: Vec<(String, Vec<bson::RawDocumentBuf>)> = Vec::new();
+    for f in &args.files {
+        let docs = analyze::read_file(f).with_context(|| format!("reading {}", f.display()))?;
+        let label = f.file_name().map_or_else(
+            || f.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        inputs.push((label, docs));
+    }
+    if let Some(uri) = &args.uri {
+        let (Some(db), Some(coll)) = (&args.db, &args.collection) else {
+            bail!("--uri needs --db and --collection");
+        };
+        let client = mongodb::Client::with_uri_str(uri).await?;
+        let c = client.database(db).collection::<bson::RawDocumentBuf>(coll);
+        let sample = i64::try_from(args.sample).unwrap_or(i64::MAX);
+        let mut cursor = c
+            .aggregate(vec![bson::doc! {"$sample": {"size": sample}}])
+            .with_type::<bson::RawDocumentBuf>()
+            .await?;
+        let mut docs = Vec::new();
+        while cursor.advance().await? {
+            docs.push(cursor.deserialize_current()?);
+        }
+        inputs.push((format!("{db}.{coll} (sample of {})", docs.len()), docs));
+    }
+    if inputs.is_empty() {
+        bail!("nothing to analyse: give files, or --uri with --db and --collection");
+    }
+    let analyses = inputs
+        .iter()
+        .map(|(label, docs)| analyze::analyse(label, docs, &policy))
+        .collect::<Result<Vec<_>, _>>()?;
+    match args.format {
+        AnalyzeFormat::Text => {
+            print!("{note}");
+            for a in &analyses {
+                println!("{}", analyze::text(&a.label, &a.logical));
+                println!(
+                    "{}",
+                    analyze::text(&format!("{} with Laconic", a.label), &a.tokenized)
+                );
+                println!("{}", analyze::saving(a));
+            }
+        }
+        AnalyzeFormat::Json => println!("{}", serde_json::to_string_pretty(&analyses)?),
+    }
+    if let Some(path) = &args.chart {
+        let mut variants: Vec<(String, &analyze::Breakdown)> = Vec::new();
+        for a in &analyses {
+            variants.push((a.label.clone(), &a.logical));
+            variants.push((format!("{} (Laconic)", a.label), &a.tokenized));
+        }
+        std::fs::write(path, analyze::chart_svg(&variants))?;
+    }
+    Ok(())
 }
 
 fn uuid(cmd: UuidCommand) -> anyhow::Result<()> {
@@ -220,14 +366,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         p.upstream_compressors = v.into_iter().filter(|s| !s.is_empty()).collect();
     }
     p.shard_keys.extend(args.shard_keys);
-    if let Some(v) = args.tokenize_min_len {
-        p.tokenize.min_len = v;
-    }
-    p.tokenize.custom_paths.extend(args.custom_paths);
-    p.tokenize.value_paths.extend(args.value_paths);
-    if let Some(v) = args.store_db {
-        p.tokenize.store_db = v;
-    }
+    args.tokenize.apply(&mut p.tokenize);
     if let Some(v) = args.log_format {
         config.log.format = v;
     }

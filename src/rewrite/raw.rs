@@ -60,6 +60,16 @@ fn elements(doc: &[u8]) -> impl Iterator<Item = Result<Element<'_>, Malformed>> 
     })
 }
 
+/// One element as `(type, key, value bytes)`.
+pub type RawElement<'a> = (u8, &'a [u8], &'a [u8]);
+
+/// The elements of a document.
+pub fn elements_of(doc: &[u8]) -> Result<Vec<RawElement<'_>>, Malformed> {
+    elements(doc)
+        .map(|e| e.map(|e| (e.kind, e.key, e.value)))
+        .collect()
+}
+
 #[inline(always)]
 fn le_i32(b: &[u8]) -> Result<usize, Malformed> {
     let bytes: [u8; 4] = b
