@@ -128,6 +128,8 @@ pub struct ProxyConfig {
     pub upstream_compressors: Vec<String>,
     /// Record every session's frames into this directory.
     pub capture_dir: Option<PathBuf>,
+    /// Serve /metrics, /healthz and /readyz on this address (off if unset).
+    pub metrics_listen: Option<String>,
     /// Collections whose shard key is rewritten with Locality UUIDs.
     pub shard_keys: Vec<ShardKeyConfig>,
     /// Name tokenization.
@@ -223,6 +225,7 @@ impl Default for ProxyConfig {
                 .collect(),
             upstream_compressors: Vec::new(),
             capture_dir: None,
+            metrics_listen: None,
             shard_keys: Vec::new(),
             tokenize: TokenizeConfig::default(),
         }

@@ -87,6 +87,9 @@ struct ServeArgs {
     /// Record every session's frames into DIR (format: proto/README.md).
     #[arg(long, value_name = "DIR", env = "LACONIC_CAPTURE")]
     capture: Option<PathBuf>,
+    /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9216).
+    #[arg(long, value_name = "ADDR", env = "LACONIC_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
     /// Downstream connections served at once.
     #[arg(long, env = "LACONIC_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -359,6 +362,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(v) = args.max_connections {
         p.max_connections = v;
     }
+    if let Some(v) = args.metrics_listen {
+        p.metrics_listen = Some(v);
+    }
     if let Some(v) = args.shutdown_grace_ms {
         p.shutdown_grace_ms = v;
     }
@@ -391,6 +397,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let task = tokio::spawn(proxy.run());
     // Scripts and tests wait for this line.
     println!("listening on {}", handle.addr);
+    if let Some(addr) = handle.metrics_addr {
+        println!("metrics on http://{addr}/metrics");
+    }
     std::io::stdout().flush()?;
     info!(listen = %handle.addr, upstream = %redact_uri(&config.proxy.upstream), "laconic started");
 

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use super::session::Session;
 use crate::capture::CaptureDir;
 use crate::config::ProxyConfig;
+use crate::observe::Metrics;
 use crate::rewrite;
 use crate::shutdown::Shutdown;
 use crate::token::{NameStore, Tokens};
@@ -28,6 +29,10 @@ pub struct ProxyContext {
     /// Cursor documents held back from oversized expanded batches, by the
     /// cursor id the driver knows (any of its connections may ask for them).
     pub held: DashMap<i64, (Instant, rewrite::cursor::Held)>,
+    /// Counters for /metrics.
+    pub metrics: Metrics,
+    /// A driver of the proxy's own, for /readyz.
+    pub health: mongodb::Client,
     next_session: AtomicU64,
 }
 
@@ -39,6 +44,7 @@ impl ProxyContext {
             Some(dir) => Some(CaptureDir::create(dir)?),
             None => None,
         };
+        let health = health_client(&config.upstream).await?;
         Ok(ProxyContext {
             rewrite: rewrite::Settings {
                 client_compressors: config.client_compressors(),
@@ -51,6 +57,8 @@ impl ProxyContext {
             capture,
             config,
             held: DashMap::new(),
+            metrics: Metrics::default(),
+            health,
             next_session: AtomicU64::new(1),
         })
     }
@@ -58,6 +66,23 @@ impl ProxyContext {
     pub(crate) fn next_session_id(&self) -> u64 {
         self.next_session.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// A client that gives up on the upstream after 2 s, for readiness checks.
+async fn health_client(uri: &str) -> std::io::Result<mongodb::Client> {
+    let invalid = |e: mongodb::error::Error| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("upstream URI: {e}"),
+        )
+    };
+    let mut options = mongodb::options::ClientOptions::parse(uri)
+        .await
+        .map_err(invalid)?;
+    options.server_selection_timeout = Some(Duration::from_secs(2));
+    options.connect_timeout = Some(Duration::from_secs(2));
+    options.app_name = Some("laconic-health".into());
+    mongodb::Client::with_options(options).map_err(invalid)
 }
 
 /// The name store's client and the tokenization policy, when tokenization is on.
@@ -84,6 +109,7 @@ async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
 /// A bound, not yet running proxy.
 pub struct Proxy {
     listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
     ctx: Arc<ProxyContext>,
     shutdown: Shutdown,
 }
@@ -92,6 +118,8 @@ pub struct Proxy {
 #[derive(Clone, Debug)]
 pub struct ProxyHandle {
     pub addr: SocketAddr,
+    /// Where /metrics, /healthz and /readyz are served, if they are.
+    pub metrics_addr: Option<SocketAddr>,
     pub shutdown: Shutdown,
 }
 
@@ -99,8 +127,13 @@ impl Proxy {
     /// Binds the listening socket.
     pub async fn bind(config: ProxyConfig) -> std::io::Result<Proxy> {
         let listener = TcpListener::bind(config.listen.as_str()).await?;
+        let metrics_listener = match &config.metrics_listen {
+            Some(addr) => Some(TcpListener::bind(addr.as_str()).await?),
+            None => None,
+        };
         Ok(Proxy {
             listener,
+            metrics_listener,
             ctx: Arc::new(ProxyContext::new(config).await?),
             shutdown: Shutdown::new(),
         })
@@ -113,6 +146,11 @@ impl Proxy {
     pub fn handle(&self) -> std::io::Result<ProxyHandle> {
         Ok(ProxyHandle {
             addr: self.local_addr()?,
+            metrics_addr: self
+                .metrics_listener
+                .as_ref()
+                .map(TcpListener::local_addr)
+                .transpose()?,
             shutdown: self.shutdown.clone(),
         })
     }
@@ -127,7 +165,14 @@ impl Proxy {
 
     /// Accepts until shutdown is triggered. Sessions run on the shutdown
     /// tracker, so [`Shutdown::drain`] waits for them.
-    pub async fn run(self) {
+    pub async fn run(mut self) {
+        if let Some(l) = self.metrics_listener.take() {
+            tokio::spawn(crate::observe::http::serve(
+                l,
+                self.ctx.clone(),
+                self.shutdown.clone(),
+            ));
+        }
         let limit = Arc::new(Semaphore::new(self.ctx.config.max_connections));
         let mut backoff = Duration::from_millis(5);
         loop {
@@ -155,13 +200,17 @@ impl Proxy {
                     max_connections = self.ctx.config.max_connections,
                     "connection refused: the connection limit is reached"
                 );
+                self.ctx.metrics.connection_refused();
                 drop(stream);
                 continue;
             };
             let _ = stream.set_nodelay(true);
             let session = Session::new(stream, peer, self.ctx.clone(), self.shutdown.clone());
+            let ctx = self.ctx.clone();
+            ctx.metrics.connection_opened();
             self.shutdown.tracker().spawn(async move {
                 session.run().await;
+                ctx.metrics.connection_closed();
                 drop(permit);
             });
         }

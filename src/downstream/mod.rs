@@ -3,4 +3,4 @@
 pub mod listener;
 pub mod session;
 
-pub use listener::{Proxy, ProxyHandle};
+pub use listener::{Proxy, ProxyContext, ProxyHandle};

@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 use super::listener::ProxyContext;
 use crate::capture::{CaptureWriter, Direction};
 use crate::error::{error_reply, ProxyError, Side};
+use crate::observe::{Leg, Way};
 use crate::rewrite::{self, LegState};
 use crate::shutdown::Shutdown;
 use crate::upstream::{self, UpstreamConn};
@@ -88,14 +89,17 @@ impl Session {
         debug!(session = self.id, client.addr = %self.peer, "session opened");
         match self.serve().await {
             Ok(()) => debug!(session = self.id, "session closed"),
-            Err(e) => match e.side() {
-                Side::Downstream => {
-                    info!(session = self.id, client.addr = %self.peer, error = %e, "closing connection")
+            Err(e) => {
+                self.ctx.metrics.error(e.code().1);
+                match e.side() {
+                    Side::Downstream => {
+                        info!(session = self.id, client.addr = %self.peer, error = %e, "closing connection")
+                    }
+                    Side::Upstream | Side::Internal => {
+                        warn!(session = self.id, client.addr = %self.peer, error = %e, "closing connection")
+                    }
                 }
-                Side::Upstream | Side::Internal => {
-                    warn!(session = self.id, client.addr = %self.peer, error = %e, "closing connection")
-                }
-            },
+            }
         }
     }
 
@@ -134,14 +138,25 @@ impl Session {
         };
         match next {
             None => Ok(None),
-            Some(Ok(frame)) => Ok(Some(frame)),
+            Some(Ok(frame)) => {
+                self.ctx
+                    .metrics
+                    .bytes(Leg::Client, Way::In, frame.header.length as usize);
+                Ok(Some(frame))
+            }
             Some(Err(e)) => Err(downstream_error(e)),
         }
     }
 
     /// ③–⑧ for one request.
     async fn handle(&mut self, frame: Frame) -> Result<(), ProxyError> {
+        let started = Instant::now();
         let request = self.decode(frame)?;
+        let _timer = RequestTimer {
+            ctx: self.ctx.clone(),
+            command: request.command.clone(),
+            started,
+        };
         if let Some(c) = &mut self.capture {
             c.record(Direction::Request, &request.frame);
         }
@@ -172,6 +187,9 @@ impl Session {
             }
         };
         let outbound = rewritten.frame.unwrap_or_else(|| request.frame.clone());
+        if request.command == "insert" && self.ctx.rewrite.tokens.is_some() {
+            self.count_documents(&request.frame, &outbound);
+        }
 
         // ⑤ forward
         if let Err(e) = self.forward(outbound, &request.command).await {
@@ -223,6 +241,24 @@ impl Session {
         }
     }
 
+    /// Counts an insert's document bytes as sent and as stored.
+    fn count_documents(&self, original: &Frame, stored: &Frame) {
+        let (Some(m), Some(out)) = (original.op_msg(), stored.op_msg()) else {
+            return;
+        };
+        let body = m.body();
+        let (Ok(db), Some(Ok((_, coll)))) = (body.get_str("$db"), body.iter().next()) else {
+            return;
+        };
+        let ns = format!("{db}.{}", coll.as_str().unwrap_or_default());
+        self.ctx.metrics.documents(
+            &ns,
+            "write",
+            rewrite::inserted_bytes(m),
+            rewrite::inserted_bytes(out),
+        );
+    }
+
     /// Allocates the tokens a write needs, and makes sure the cache knows
     /// every name a command mentions before the pure rewrite looks them up.
     async fn prepare_tokens(&self, request: &Request) -> Result<(), ProxyError> {
@@ -240,13 +276,20 @@ impl Session {
         let store_error = |e: crate::token::StoreError| ProxyError::NameStore(e.to_string());
         let values_scope = crate::token::value_scope(db);
         let allocate = rewrite::crud::names_to_allocate(&cmd, db, &t.policies);
+        let mut trips = 0;
         for (scope, list) in [
             (db, &allocate.names),
             (values_scope.as_str(), &allocate.values),
         ] {
             if !list.is_empty() {
                 let refs: Vec<&str> = list.iter().map(String::as_str).collect();
-                t.store.tokens(scope, &refs).await.map_err(store_error)?;
+                trips += t
+                    .store
+                    .tokens(scope, &refs)
+                    .await
+                    .map_err(store_error)?
+                    .1
+                     .0;
             }
         }
         let resolve = rewrite::crud::names_to_resolve(&cmd, db, &t.policies);
@@ -263,9 +306,11 @@ impl Session {
                         .iter()
                         .any(|n| t.store.cached_token(scope, n).is_none()))
             {
-                t.store.refresh(scope).await.map_err(store_error)?;
+                trips += t.store.refresh(scope).await.map_err(store_error)?.0;
             }
         }
+        self.ctx.metrics.store_lookup(trips == 0);
+        self.ctx.metrics.store_round_trips(trips);
         Ok(())
     }
 
@@ -323,7 +368,16 @@ impl Session {
         reply: Frame,
         plan: &rewrite::ReplyPlan,
     ) -> Result<Frame, ProxyError> {
+        let physical = reply.op_msg().map(|m| m.body().as_bytes().len());
         let replied = self.expand_reply(reply, plan).await?;
+        if let (rewrite::ReplyPlan::Rewrite(rules), Some(physical), Some(m)) =
+            (plan, physical, replied.frame.op_msg())
+        {
+            if let Some(db) = &rules.expand {
+                let logical = m.body().as_bytes().len();
+                self.ctx.metrics.documents(db, "read", logical, physical);
+            }
+        }
         if let Some((id, held)) = replied.held {
             self.hold(id, held);
         }
@@ -385,6 +439,9 @@ impl Session {
             .upstream
             .as_mut()
             .ok_or_else(|| ProxyError::Internal("no upstream".into()))?;
+        self.ctx
+            .metrics
+            .bytes(Leg::Upstream, Way::Out, frame.header.length as usize);
         upstream::send(conn, frame).await
     }
 
@@ -395,8 +452,15 @@ impl Session {
             .upstream
             .as_mut()
             .ok_or_else(|| ProxyError::Internal("no upstream".into()))?;
+        let metrics = &self.ctx.metrics;
+        let counted = |reply: Result<Frame, ProxyError>| {
+            if let Ok(r) = &reply {
+                metrics.bytes(Leg::Upstream, Way::In, r.header.length as usize);
+            }
+            reply.map(Some)
+        };
         if !exhaust {
-            return upstream::next_reply(conn).await.map(Some);
+            return counted(upstream::next_reply(conn).await);
         }
         // Both `next` futures are cancellation safe (buffered in their codecs).
         tokio::select! {
@@ -410,7 +474,7 @@ impl Session {
                     source: wire::WireError::Truncated("exhaust stream: the driver sent a request before the last reply"),
                 }),
             },
-            reply = upstream::next_reply(conn) => reply.map(Some),
+            reply = upstream::next_reply(conn) => counted(reply),
         }
     }
 
@@ -425,6 +489,9 @@ impl Session {
                 .map_err(|e| ProxyError::Internal(e.to_string()))?,
             _ => reply,
         };
+        self.ctx
+            .metrics
+            .bytes(Leg::Client, Way::Out, reply.header.length as usize);
         self.downstream
             .send(reply)
             .await
@@ -434,6 +501,7 @@ impl Session {
     /// Answers `request` with the error, in the protocol the driver used.
     async fn reply_error(&mut self, request: &Request, err: &ProxyError) -> Result<(), ProxyError> {
         debug!(session = self.id, command = %request.command, error = %err, "answering with an error");
+        self.ctx.metrics.error(err.code().1);
         let id = self.local_id();
         let reply = error_reply(err, &request.frame, id);
         self.write_back(reply, request).await
@@ -455,6 +523,21 @@ impl Session {
         let id = self.next_local_id;
         self.next_local_id = self.next_local_id.wrapping_add(1);
         id
+    }
+}
+
+/// Records a request's latency when its handling ends, however it ends.
+struct RequestTimer {
+    ctx: Arc<ProxyContext>,
+    command: String,
+    started: Instant,
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        self.ctx
+            .metrics
+            .request(&self.command, self.started.elapsed());
     }
 }
 

@@ -403,6 +403,28 @@ fn remember_cursor(
     }
 }
 
+/// The bytes of the documents an `insert` carries, in its body or in its
+/// `documents` sequence.
+pub fn inserted_bytes(m: &OpMsg) -> usize {
+    let in_body = m
+        .body()
+        .get_array("documents")
+        .map(|a| {
+            a.into_iter()
+                .flatten()
+                .filter_map(|d| d.as_document())
+                .map(|d| d.as_bytes().len())
+                .sum()
+        })
+        .unwrap_or(0);
+    let in_sequences: usize = m
+        .sequences()
+        .filter(|s| s.identifier == "documents")
+        .flat_map(|s| s.documents.iter().map(|d| d.len()))
+        .sum();
+    in_body + in_sequences
+}
+
 /// A rewritten reply, and the cursor documents it could not carry.
 #[derive(Debug)]
 pub struct Replied {

@@ -100,6 +100,31 @@ impl NameStore {
         }
     }
 
+    /// The names each scope's cache holds, for metrics.
+    pub fn cached_sizes(&self) -> Vec<(String, usize)> {
+        let mut sizes: Vec<(String, usize)> = self
+            .cache
+            .iter()
+            .map(|e| {
+                let n = e
+                    .value()
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .names
+                    .len();
+                (e.key().clone(), n)
+            })
+            .collect();
+        sizes.sort();
+        sizes
+    }
+
+    /// Reads one document of the store: whether it can be read at all.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        self.coll.find_one(doc! {}).await?;
+        Ok(())
+    }
+
     /// The database the store lives in.
     pub fn database_name(&self) -> String {
         self.coll.namespace().db

@@ -9,6 +9,7 @@ mod capture;
 mod errors;
 mod handshake;
 mod name_store;
+mod observe;
 mod passthrough;
 mod pymongo;
 mod schema;

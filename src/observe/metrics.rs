@@ -1,0 +1,395 @@
+//! The proxy's counters, rendered in the Prometheus text format.
+//!
+//! Everything is an atomic or a small map of atomics: recording costs no
+//! lock on the data path beyond a map lookup by command name.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+/// Latency bucket bounds, in seconds.
+const BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (b, bound) in self.buckets.iter().zip(BUCKETS) {
+            if secs <= bound {
+                b.fetch_add(1, Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_micros
+            .fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Relaxed);
+    }
+}
+
+/// The two legs of the proxy.
+#[derive(Clone, Copy, Debug)]
+pub enum Leg {
+    /// Between the drivers and the proxy.
+    Client,
+    /// Between the proxy and the upstream.
+    Upstream,
+}
+
+/// Which way bytes travel on a leg.
+#[derive(Clone, Copy, Debug)]
+pub enum Way {
+    In,
+    Out,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    connections_open: AtomicI64,
+    connections_total: AtomicU64,
+    connections_refused: AtomicU64,
+    /// Requests and their latency, by command name.
+    requests: DashMap<String, Histogram>,
+    /// [client in, client out, upstream in, upstream out]
+    bytes: [AtomicU64; 4],
+    /// Document bytes as the application sees them and as they are stored,
+    /// by "db.collection" (writes) or "db" (reads): [logical, physical].
+    documents: DashMap<(String, &'static str), [AtomicU64; 2]>,
+    /// Error replies and closed connections, by kind.
+    errors: DashMap<&'static str, AtomicU64>,
+    store_hits: AtomicU64,
+    store_misses: AtomicU64,
+    store_round_trips: AtomicU64,
+}
+
+impl Metrics {
+    pub fn connection_opened(&self) {
+        self.connections_open.fetch_add(1, Relaxed);
+        self.connections_total.fetch_add(1, Relaxed);
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections_open.fetch_sub(1, Relaxed);
+    }
+
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Relaxed);
+    }
+
+    pub fn request(&self, command: &str, took: Duration) {
+        // Command names come from drivers: keep the label set bounded.
+        let name = if command.len() <= 32
+            && command
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            command
+        } else {
+            "other"
+        };
+        if let Some(h) = self.requests.get(name) {
+            h.observe(took);
+            return;
+        }
+        self.requests
+            .entry(name.to_owned())
+            .or_default()
+            .observe(took);
+    }
+
+    pub fn bytes(&self, leg: Leg, way: Way, n: usize) {
+        let i = match (leg, way) {
+            (Leg::Client, Way::In) => 0,
+            (Leg::Client, Way::Out) => 1,
+            (Leg::Upstream, Way::In) => 2,
+            (Leg::Upstream, Way::Out) => 3,
+        };
+        self.bytes[i].fetch_add(n as u64, Relaxed);
+    }
+
+    /// Documents of `namespace` that are `logical` bytes to the application
+    /// and `physical` bytes stored; `op` is "write" or "read".
+    pub fn documents(&self, namespace: &str, op: &'static str, logical: usize, physical: usize) {
+        let key = (namespace.to_owned(), op);
+        let entry = self.documents.entry(key).or_default();
+        entry[0].fetch_add(logical as u64, Relaxed);
+        entry[1].fetch_add(physical as u64, Relaxed);
+    }
+
+    pub fn error(&self, kind: &'static str) {
+        self.errors.entry(kind).or_default().fetch_add(1, Relaxed);
+    }
+
+    /// A command whose names the cache knew (`hit`) or that needed the store.
+    pub fn store_lookup(&self, hit: bool) {
+        let c = if hit {
+            &self.store_hits
+        } else {
+            &self.store_misses
+        };
+        c.fetch_add(1, Relaxed);
+    }
+
+    pub fn store_round_trips(&self, n: usize) {
+        self.store_round_trips.fetch_add(n as u64, Relaxed);
+    }
+
+    /// The Prometheus text exposition; `store_sizes` are the names each
+    /// dictionary scope holds.
+    pub fn render(&self, store_sizes: &[(String, usize)]) -> String {
+        let mut out = String::new();
+        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        family(
+            &mut out,
+            "laconic_connections_open",
+            "gauge",
+            "Driver connections open now.",
+        );
+        let _ = writeln!(
+            out,
+            "laconic_connections_open {}",
+            self.connections_open.load(Relaxed)
+        );
+        family(
+            &mut out,
+            "laconic_connections_total",
+            "counter",
+            "Driver connections accepted.",
+        );
+        let _ = writeln!(
+            out,
+            "laconic_connections_total {}",
+            self.connections_total.load(Relaxed)
+        );
+        family(
+            &mut out,
+            "laconic_connections_refused_total",
+            "counter",
+            "Driver connections refused at the connection limit.",
+        );
+        let _ = writeln!(
+            out,
+            "laconic_connections_refused_total {}",
+            self.connections_refused.load(Relaxed)
+        );
+
+        family(
+            &mut out,
+            "laconic_request_duration_seconds",
+            "histogram",
+            "Requests by command: from reading the request to writing the last reply.",
+        );
+        let mut commands: Vec<String> = self.requests.iter().map(|e| e.key().clone()).collect();
+        commands.sort();
+        for c in &commands {
+            let Some(h) = self.requests.get(c) else {
+                continue;
+            };
+            for (b, bound) in h.buckets.iter().zip(BUCKETS) {
+                let _ = writeln!(
+                    out,
+                    "laconic_request_duration_seconds_bucket{{command=\"{c}\",le=\"{bound}\"}} {}",
+                    b.load(Relaxed)
+                );
+            }
+            let count = h.count.load(Relaxed);
+            let _ = writeln!(
+                out,
+                "laconic_request_duration_seconds_bucket{{command=\"{c}\",le=\"+Inf\"}} {count}"
+            );
+            let _ = writeln!(
+                out,
+                "laconic_request_duration_seconds_sum{{command=\"{c}\"}} {}",
+                h.sum_micros.load(Relaxed) as f64 / 1e6
+            );
+            let _ = writeln!(
+                out,
+                "laconic_request_duration_seconds_count{{command=\"{c}\"}} {count}"
+            );
+        }
+        family(
+            &mut out,
+            "laconic_requests_total",
+            "counter",
+            "Requests by command.",
+        );
+        for c in &commands {
+            if let Some(h) = self.requests.get(c) {
+                let _ = writeln!(
+                    out,
+                    "laconic_requests_total{{command=\"{c}\"}} {}",
+                    h.count.load(Relaxed)
+                );
+            }
+        }
+
+        family(
+            &mut out,
+            "laconic_bytes_total",
+            "counter",
+            "Wire bytes by leg and direction.",
+        );
+        for (i, (leg, way)) in [
+            ("client", "in"),
+            ("client", "out"),
+            ("upstream", "in"),
+            ("upstream", "out"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let _ = writeln!(
+                out,
+                "laconic_bytes_total{{leg=\"{leg}\",direction=\"{way}\"}} {}",
+                self.bytes[i].load(Relaxed)
+            );
+        }
+
+        family(&mut out, "laconic_document_bytes_total", "counter", "Document bytes as the application sees them (logical) and as stored (physical), by namespace and operation.");
+        family(
+            &mut out,
+            "laconic_document_bytes_saved_total",
+            "counter",
+            "Logical minus physical document bytes: what tokenization saves.",
+        );
+        let mut docs: Vec<((String, &str), u64, u64)> = self
+            .documents
+            .iter()
+            .map(|e| {
+                (
+                    e.key().clone(),
+                    e.value()[0].load(Relaxed),
+                    e.value()[1].load(Relaxed),
+                )
+            })
+            .collect();
+        docs.sort();
+        for ((ns, op), logical, physical) in &docs {
+            let (db, coll) = ns.split_once('.').unwrap_or((ns, ""));
+            let labels = format!(
+                "db=\"{}\",collection=\"{}\",op=\"{op}\"",
+                escape(db),
+                escape(coll)
+            );
+            let _ = writeln!(
+                out,
+                "laconic_document_bytes_total{{{labels},form=\"logical\"}} {logical}"
+            );
+            let _ = writeln!(
+                out,
+                "laconic_document_bytes_total{{{labels},form=\"physical\"}} {physical}"
+            );
+            let _ = writeln!(
+                out,
+                "laconic_document_bytes_saved_total{{{labels}}} {}",
+                logical.saturating_sub(*physical)
+            );
+        }
+
+        family(
+            &mut out,
+            "laconic_name_store_names",
+            "gauge",
+            "Names (and values) this proxy's cache holds, by dictionary scope.",
+        );
+        for (scope, n) in store_sizes {
+            let _ = writeln!(
+                out,
+                "laconic_name_store_names{{scope=\"{}\"}} {n}",
+                escape(scope)
+            );
+        }
+        family(
+            &mut out,
+            "laconic_name_store_lookups_total",
+            "counter",
+            "Commands whose names the cache knew (hit) or that needed the store (miss).",
+        );
+        let _ = writeln!(
+            out,
+            "laconic_name_store_lookups_total{{result=\"hit\"}} {}",
+            self.store_hits.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "laconic_name_store_lookups_total{{result=\"miss\"}} {}",
+            self.store_misses.load(Relaxed)
+        );
+        family(
+            &mut out,
+            "laconic_name_store_round_trips_total",
+            "counter",
+            "Round trips to the name store (reads and allocations).",
+        );
+        let _ = writeln!(
+            out,
+            "laconic_name_store_round_trips_total {}",
+            self.store_round_trips.load(Relaxed)
+        );
+
+        family(
+            &mut out,
+            "laconic_errors_total",
+            "counter",
+            "Error replies and closed connections, by kind (refusals are CommandNotSupported).",
+        );
+        let mut errors: Vec<(&str, u64)> = self
+            .errors
+            .iter()
+            .map(|e| (*e.key(), e.value().load(Relaxed)))
+            .collect();
+        errors.sort();
+        for (kind, n) in errors {
+            let _ = writeln!(out, "laconic_errors_total{{kind=\"{kind}\"}} {n}");
+        }
+        out
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_histograms() {
+        let m = Metrics::default();
+        m.connection_opened();
+        m.request("insert", Duration::from_micros(300));
+        m.request("insert", Duration::from_millis(20));
+        m.bytes(Leg::Client, Way::In, 100);
+        m.documents("app.users", "write", 1000, 600);
+        m.error("CommandNotSupported");
+        let text = m.render(&[("app".into(), 12)]);
+        for line in [
+            "laconic_connections_open 1",
+            "laconic_requests_total{command=\"insert\"} 2",
+            "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"0.0005\"} 1",
+            "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"+Inf\"} 2",
+            "laconic_bytes_total{leg=\"client\",direction=\"in\"} 100",
+            "laconic_document_bytes_saved_total{db=\"app\",collection=\"users\",op=\"write\"} 400",
+            "laconic_name_store_names{scope=\"app\"} 12",
+            "laconic_errors_total{kind=\"CommandNotSupported\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
+        }
+    }
+}

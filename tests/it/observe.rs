@@ -1,0 +1,168 @@
+//! The sidecar's HTTP port: counters after a workload, and readiness that
+//! follows the upstream down and back up.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bson::{doc, Document};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::common::{self, db_name};
+
+/// `GET path` on the metrics port: (status code, body).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn value(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{series} not in\n{metrics}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_the_workload_and_the_bytes_saved() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.store_db = db_name("obs", "store");
+    config.metrics_listen = Some("127.0.0.1:0".into());
+    let proxy = common::start(config).await;
+    let addr = proxy.metrics_addr.expect("a metrics address");
+    let c = common::via_proxy(&proxy)
+        .await
+        .database(&db_name("obs", "proxy"))
+        .collection::<Document>("profiles");
+    c.drop().await.unwrap();
+    let docs: Vec<Document> = (0..20)
+        .map(|i| doc! {"_id": i, "first_name": "Ada", "email_address": "ada@example.com", "favourite_colour": "green"})
+        .collect();
+    c.insert_many(docs).await.unwrap();
+    for i in 0..5 {
+        c.find_one(doc! {"_id": i}).await.unwrap().unwrap();
+    }
+    let refused = c.find_one(doc! {"$where": "true"}).await;
+    assert!(refused.is_err());
+
+    assert_eq!(get(addr, "/healthz").await, (200, "ok\n".into()));
+    assert_eq!(get(addr, "/readyz").await.0, 200);
+    let (status, m) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(value(&m, "laconic_requests_total{command=\"insert\"}") >= 1.0);
+    // Five find_one plus the refused one.
+    assert!(value(&m, "laconic_requests_total{command=\"find\"}") >= 6.0);
+    let db = db_name("obs", "proxy");
+    let saved = value(&m, &format!("laconic_document_bytes_saved_total{{db=\"{db}\",collection=\"profiles\",op=\"write\"}}"));
+    assert!(saved > 20.0 * 30.0, "{saved}");
+    assert!(
+        value(
+            &m,
+            &format!(
+                "laconic_document_bytes_saved_total{{db=\"{db}\",collection=\"\",op=\"read\"}}"
+            )
+        ) > 0.0
+    );
+    assert!(value(&m, "laconic_errors_total{kind=\"CommandNotSupported\"}") >= 1.0);
+    assert!(value(&m, "laconic_connections_total") >= 1.0);
+    assert!(value(&m, "laconic_bytes_total{leg=\"client\",direction=\"in\"}") > 0.0);
+    assert!(value(&m, "laconic_name_store_round_trips_total") >= 1.0);
+    assert!(value(&m, "laconic_name_store_lookups_total{result=\"hit\"}") >= 1.0);
+    assert!(value(&m, &format!("laconic_name_store_names{{scope=\"{db}\"}}")) >= 3.0);
+    assert!(m.contains("laconic_request_duration_seconds_bucket{command=\"find\",le=\"+Inf\"}"));
+    assert_eq!(get(addr, "/nope").await.0, 404);
+}
+
+/// A TCP relay to the upstream that can be stopped (its open connections
+/// cut too) and started again on the same port: the upstream "goes down"
+/// and "comes back".
+async fn relay(listener: TcpListener, target: String, stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let mut watch = stop.clone();
+        let accepted = tokio::select! {
+            _ = watch.wait_for(|s| *s) => return,
+            a = listener.accept() => a,
+        };
+        let Ok((mut client, _)) = accepted else {
+            return;
+        };
+        let target = target.clone();
+        let mut watch = stop.clone();
+        tokio::spawn(async move {
+            if let Ok(mut server) = TcpStream::connect(&target).await {
+                tokio::select! {
+                    _ = watch.wait_for(|s| *s) => {}
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                }
+            }
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_upstream_down_and_back() {
+    let upstream = common::upstream();
+    let target = upstream
+        .uri
+        .trim_start_matches("mongodb://")
+        .trim_end_matches('/')
+        .to_owned();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(relay(listener, target.clone(), stopped));
+    let mut config = common::proxy_config(&format!(
+        "mongodb://127.0.0.1:{port}/?directConnection=true"
+    ));
+    config.metrics_listen = Some("127.0.0.1:0".into());
+    let proxy = common::start(config).await;
+    let addr = proxy.metrics_addr.unwrap();
+    assert_eq!(get(addr, "/readyz").await.0, 200);
+
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    let mut down = false;
+    for _ in 0..20 {
+        let (status, body) = get(addr, "/readyz").await;
+        if status == 503 {
+            assert!(body.starts_with("not ready"), "{body}");
+            down = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(down, "/readyz kept answering 200 with the upstream gone");
+    assert_eq!(
+        get(addr, "/healthz").await.0,
+        200,
+        "the process still lives"
+    );
+
+    let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let (_keep, running) = tokio::sync::watch::channel(false);
+    tokio::spawn(relay(listener, target, running));
+    let mut up = false;
+    for _ in 0..40 {
+        if get(addr, "/readyz").await.0 == 200 {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(up, "/readyz did not recover");
+}
