@@ -104,6 +104,21 @@ impl TokenizeConfig {
     }
 }
 
+/// Shadow mode: a second, untokenized deployment holding the same data.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowConfig {
+    /// Its mongodb:// URI.
+    pub uri: String,
+    /// The fraction of reads (find, aggregate, count, distinct) repeated there.
+    #[serde(default = "default_shadow_sample")]
+    pub sample: f64,
+}
+
+fn default_shadow_sample() -> f64 {
+    0.01
+}
+
 /// Where to listen, where to forward, and the limits in between.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -130,6 +145,8 @@ pub struct ProxyConfig {
     pub capture_dir: Option<PathBuf>,
     /// Serve /metrics, /healthz and /readyz on this address (off if unset).
     pub metrics_listen: Option<String>,
+    /// Compare a sample of reads with an untokenized deployment.
+    pub shadow: Option<ShadowConfig>,
     /// Collections whose shard key is rewritten with Locality UUIDs.
     pub shard_keys: Vec<ShardKeyConfig>,
     /// Name tokenization.
@@ -226,6 +243,7 @@ impl Default for ProxyConfig {
             upstream_compressors: Vec::new(),
             capture_dir: None,
             metrics_listen: None,
+            shadow: None,
             shard_keys: Vec::new(),
             tokenize: TokenizeConfig::default(),
         }
@@ -369,6 +387,15 @@ impl Config {
                     "proxy.tokenize.custom_paths",
                     path.clone(),
                     "not a dotted field path",
+                ));
+            }
+        }
+        if let Some(s) = &p.shadow {
+            if !(s.sample > 0.0 && s.sample <= 1.0) {
+                return Err(invalid(
+                    "proxy.shadow.sample",
+                    s.sample.to_string(),
+                    "a fraction above 0 and at most 1",
                 ));
             }
         }

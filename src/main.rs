@@ -90,6 +90,12 @@ struct ServeArgs {
     /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9216).
     #[arg(long, value_name = "ADDR", env = "LACONIC_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// Shadow mode: compare a sample of reads with this untokenized deployment.
+    #[arg(long, value_name = "URI", env = "LACONIC_SHADOW")]
+    shadow: Option<String>,
+    /// The fraction of reads shadowed (default 0.01).
+    #[arg(long, value_name = "FRACTION", env = "LACONIC_SHADOW_SAMPLE")]
+    shadow_sample: Option<f64>,
     /// Downstream connections served at once.
     #[arg(long, env = "LACONIC_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -364,6 +370,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(v) = args.metrics_listen {
         p.metrics_listen = Some(v);
+    }
+    if let Some(uri) = args.shadow {
+        p.shadow = Some(laconic::config::ShadowConfig {
+            uri,
+            sample: p.shadow.as_ref().map_or(0.01, |s| s.sample),
+        });
+    }
+    if let (Some(s), Some(f)) = (p.shadow.as_mut(), args.shadow_sample) {
+        s.sample = f;
     }
     if let Some(v) = args.shutdown_grace_ms {
         p.shutdown_grace_ms = v;

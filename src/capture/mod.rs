@@ -14,6 +14,7 @@
 
 mod replay;
 
+pub(crate) use replay::diff_docs;
 pub use replay::{replay, Difference, ReplayReport};
 
 use std::fs::File;

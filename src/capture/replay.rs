@@ -205,7 +205,11 @@ fn cursor_id(d: &Document) -> Option<i64> {
     d.get_document("cursor").ok()?.get_i64("id").ok()
 }
 
-fn diff_docs(want: &Document, got: &Document, at: &str) -> Option<(String, String, String)> {
+pub(crate) fn diff_docs(
+    want: &Document,
+    got: &Document,
+    at: &str,
+) -> Option<(String, String, String)> {
     let keys = |d: &Document| -> Vec<String> {
         d.keys()
             .filter(|k| !VOLATILE.contains(&k.as_str()))

@@ -33,6 +33,8 @@ pub struct ProxyContext {
     pub metrics: Metrics,
     /// A driver of the proxy's own, for /readyz.
     pub health: mongodb::Client,
+    /// The untokenized deployment reads are compared with, in shadow mode.
+    pub shadow: Option<Arc<crate::observe::Shadow>>,
     next_session: AtomicU64,
 }
 
@@ -45,6 +47,19 @@ impl ProxyContext {
             None => None,
         };
         let health = health_client(&config.upstream).await?;
+        let shadow = match &config.shadow {
+            Some(s) => Some(Arc::new(
+                crate::observe::Shadow::connect(&s.uri, s.sample)
+                    .await
+                    .map_err(|e| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            format!("shadow URI: {e}"),
+                        )
+                    })?,
+            )),
+            None => None,
+        };
         Ok(ProxyContext {
             rewrite: rewrite::Settings {
                 client_compressors: config.client_compressors(),
@@ -59,6 +74,7 @@ impl ProxyContext {
             held: DashMap::new(),
             metrics: Metrics::default(),
             health,
+            shadow,
             next_session: AtomicU64::new(1),
         })
     }

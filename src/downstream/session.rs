@@ -191,6 +191,16 @@ impl Session {
             self.count_documents(&request.frame, &outbound);
         }
 
+        // Shadow mode: the logical request, kept for the comparison.
+        let shadowed = match (&self.ctx.shadow, request.frame.op_msg()) {
+            (Some(shadow), Some(m))
+                if !more_to_come && shadow.wants(&request.command, m.body()) =>
+            {
+                bson::Document::try_from(m.body()).ok()
+            }
+            _ => None,
+        };
+
         // ⑤ forward
         if let Err(e) = self.forward(outbound, &request.command).await {
             if !more_to_come {
@@ -233,6 +243,17 @@ impl Session {
                     };
                 }
             };
+            if let (Some(logical), Some(shadow), Some(m)) =
+                (&shadowed, &self.ctx.shadow, reply.op_msg())
+            {
+                if let Ok(answer) = bson::Document::try_from(m.body()) {
+                    tokio::spawn(
+                        shadow
+                            .clone()
+                            .check(logical.clone(), answer, self.ctx.clone()),
+                    );
+                }
+            }
             self.write_back(reply, &request).await?;
             answered = true;
             if !more {

@@ -68,6 +68,8 @@ pub struct Metrics {
     store_hits: AtomicU64,
     store_misses: AtomicU64,
     store_round_trips: AtomicU64,
+    /// Shadowed reads by command: [compared, differing, unanswered].
+    shadow: DashMap<String, [AtomicU64; 3]>,
 }
 
 impl Metrics {
@@ -136,6 +138,20 @@ impl Metrics {
             &self.store_misses
         };
         c.fetch_add(1, Relaxed);
+    }
+
+    /// One shadowed read: `Some(differs)`, or `None` if the shadow did not answer.
+    pub fn shadow(&self, command: &str, outcome: Option<bool>) {
+        let entry = self.shadow.entry(command.to_owned()).or_default();
+        let i = match outcome {
+            Some(false) => 0,
+            Some(true) => {
+                entry[0].fetch_add(1, Relaxed);
+                1
+            }
+            None => 2,
+        };
+        entry[i].fetch_add(1, Relaxed);
     }
 
     pub fn store_round_trips(&self, n: usize) {
@@ -337,6 +353,31 @@ impl Metrics {
             self.store_round_trips.load(Relaxed)
         );
 
+        family(
+            &mut out,
+            "laconic_shadow_reads_total",
+            "counter",
+            "Reads shadowed to the untokenized deployment, by command and outcome.",
+        );
+        let mut shadowed: Vec<(String, [u64; 3])> = self
+            .shadow
+            .iter()
+            .map(|e| {
+                (
+                    e.key().clone(),
+                    [0, 1, 2].map(|i| e.value()[i].load(Relaxed)),
+                )
+            })
+            .collect();
+        shadowed.sort();
+        for (c, counts) in shadowed {
+            for (outcome, n) in ["compared", "different", "unanswered"].iter().zip(counts) {
+                let _ = writeln!(
+                    out,
+                    "laconic_shadow_reads_total{{command=\"{c}\",outcome=\"{outcome}\"}} {n}"
+                );
+            }
+        }
         family(
             &mut out,
             "laconic_errors_total",

@@ -2,5 +2,7 @@
 
 pub mod http;
 mod metrics;
+pub mod shadow;
 
 pub use metrics::{Leg, Metrics, Way};
+pub use shadow::Shadow;

@@ -101,6 +101,13 @@ pub fn auth_upstream() -> Option<&'static Upstream> {
         .as_ref()
 }
 
+/// A second, separate SecantusDB: the untokenized deployment of shadow
+/// mode. Started here in every case (the launcher is always installed).
+pub fn second_upstream() -> &'static Upstream {
+    static UPSTREAM: OnceLock<Upstream> = OnceLock::new();
+    UPSTREAM.get_or_init(|| launch(&[]))
+}
+
 pub fn proxy_config(upstream: &str) -> ProxyConfig {
     ProxyConfig {
         listen: "127.0.0.1:0".into(),

@@ -166,3 +166,91 @@ async fn readiness_follows_the_upstream_down_and_back() {
     }
     assert!(up, "/readyz did not recover");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
+    let shadow_upstream = common::second_upstream();
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 5;
+    config.tokenize.store_db = db_name("shadow", "store");
+    config.metrics_listen = Some("127.0.0.1:0".into());
+    config.shadow = Some(laconic::config::ShadowConfig {
+        uri: format!("{}?directConnection=true", shadow_upstream.uri),
+        sample: 1.0,
+    });
+    let proxy = common::start(config).await;
+    let addr = proxy.metrics_addr.unwrap();
+    // The same database name on both deployments: tokenized behind the
+    // proxy, untokenized in the shadow.
+    let db = db_name("shadow", "app");
+    let via = common::via_proxy(&proxy)
+        .await
+        .database(&db)
+        .collection::<Document>("people");
+    let shadow_client =
+        mongodb::Client::with_uri_str(format!("{}?directConnection=true", shadow_upstream.uri))
+            .await
+            .unwrap();
+    let twin = shadow_client.database(&db).collection::<Document>("people");
+    via.drop().await.unwrap();
+    twin.drop().await.unwrap();
+    let docs: Vec<Document> = (0..5)
+        .map(|i| doc! {"_id": i, "first_name": format!("name {i}"), "score_value": i * 10})
+        .collect();
+    via.insert_many(docs.clone()).await.unwrap();
+    twin.insert_many(docs).await.unwrap();
+
+    let differences = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| {
+                l.starts_with("laconic_shadow_reads_total") && l.contains("outcome=\"different\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let compared = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| {
+                l.starts_with("laconic_shadow_reads_total") && l.contains("outcome=\"compared\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    // Identical data: reads compare equal.
+    for i in 0..5 {
+        via.find_one(doc! {"first_name": format!("name {i}")})
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(
+        via.count_documents(doc! {"score_value": {"$gte": 20}})
+            .await
+            .unwrap(),
+        3
+    );
+    let mut m = String::new();
+    for _ in 0..40 {
+        m = get(addr, "/metrics").await.1;
+        if compared(&m) >= 6.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(compared(&m) >= 6.0, "{m}");
+    assert_eq!(differences(&m), 0.0, "{m}");
+
+    // One document corrupted in the shadow: the next read of it differs.
+    twin.update_one(doc! {"_id": 3}, doc! {"$set": {"score_value": -1}})
+        .await
+        .unwrap();
+    via.find_one(doc! {"_id": 3}).await.unwrap().unwrap();
+    for _ in 0..40 {
+        m = get(addr, "/metrics").await.1;
+        if differences(&m) >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(differences(&m), 1.0, "{m}");
+}

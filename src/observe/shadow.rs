@@ -1,0 +1,134 @@
+//! Shadow mode: for a sample of reads, the logical command also goes to a
+//! second, untokenized deployment, and the two answers are compared
+//! (ignoring what differs between any two runs, as replay does). A
+//! difference is counted and logged with the command and the path where the
+//! answers part, never with document contents.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use bson::{Document, RawDocument};
+use tracing::{debug, warn};
+
+use crate::downstream::ProxyContext;
+
+/// The shadow deployment and how often to ask it.
+#[derive(Debug)]
+pub struct Shadow {
+    client: mongodb::Client,
+    /// Every `every`-th eligible read is shadowed.
+    every: u64,
+    seen: AtomicU64,
+}
+
+/// Reads that are compared: their answers are the same whoever stores the
+/// documents.
+const READS: &[&str] = &["find", "aggregate", "count", "distinct"];
+
+/// Fields the driver adds to a command for its own session and topology.
+const SESSION_FIELDS: &[&str] = &[
+    "lsid",
+    "$clusterTime",
+    "$db",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "$readPreference",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+];
+
+impl Shadow {
+    /// `sample` is the fraction of reads to shadow (0 < sample ≤ 1).
+    pub async fn connect(uri: &str, sample: f64) -> mongodb::error::Result<Shadow> {
+        let client = mongodb::Client::with_uri_str(uri).await?;
+        let every = (1.0 / sample.clamp(1e-6, 1.0)).round().max(1.0) as u64;
+        Ok(Shadow {
+            client,
+            every,
+            seen: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether this request is a read to shadow now.
+    pub fn wants(&self, command: &str, body: &RawDocument) -> bool {
+        // Reads inside a transaction are not repeated outside it.
+        let in_transaction = body.get("txnNumber").ok().flatten().is_some();
+        if !READS.contains(&command) || in_transaction {
+            return false;
+        }
+        if command == "aggregate" {
+            // Pipelines that write or stream are not reads to repeat.
+            let text = format!("{:?}", body.get_array("pipeline").ok());
+            if ["$out", "$merge", "$changeStream"]
+                .iter()
+                .any(|s| text.contains(s))
+            {
+                return false;
+            }
+        }
+        self.seen.fetch_add(1, Relaxed).is_multiple_of(self.every)
+    }
+
+    /// Sends the logical command to the shadow and compares its answer with
+    /// `reply`, the one the driver got.
+    pub async fn check(
+        self: Arc<Self>,
+        request: Document,
+        reply: Document,
+        ctx: Arc<ProxyContext>,
+    ) {
+        let metrics = &ctx.metrics;
+        let command = request.keys().next().cloned().unwrap_or_default();
+        let db = request.get_str("$db").unwrap_or("admin").to_owned();
+        let mut cmd = request;
+        for f in SESSION_FIELDS {
+            cmd.remove(*f);
+        }
+        if command == "find" {
+            cmd.insert("singleBatch", true);
+        }
+        let answer = match self.client.database(&db).run_command(cmd).await {
+            Ok(a) => a,
+            Err(e) => match *e.kind {
+                // A command error is an answer too: compare it.
+                mongodb::error::ErrorKind::Command(c) => bson::doc! {
+                    "ok": 0.0, "errmsg": c.message, "code": c.code, "codeName": c.code_name,
+                },
+                other => {
+                    debug!(command, error = %other, "the shadow did not answer");
+                    metrics.shadow(&command, None);
+                    return;
+                }
+            },
+        };
+        let difference = crate::capture::diff_docs(&reply, &answer, "");
+        if let Some((path, _, _)) = &difference {
+            warn!(
+                command,
+                db, path, "shadow difference: the untokenized deployment answers otherwise"
+            );
+        }
+        metrics.shadow(&command, Some(difference.is_some()));
+        if let Some(id) = answer
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_i64("id").ok())
+            .filter(|&id| id != 0)
+        {
+            let coll = answer
+                .get_document("cursor")
+                .ok()
+                .and_then(|c| c.get_str("ns").ok())
+                .and_then(|ns| ns.split_once('.'))
+                .map(|(_, c)| c.to_owned())
+                .unwrap_or_default();
+            let _ = self
+                .client
+                .database(&db)
+                .run_command(bson::doc! {"killCursors": coll, "cursors": [id]})
+                .await;
+        }
+    }
+}
