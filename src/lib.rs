@@ -26,6 +26,7 @@ pub mod config;
 pub mod downstream;
 pub mod error;
 pub mod locality;
+pub mod migrate;
 pub mod observe;
 pub mod rewrite;
 pub mod shutdown;

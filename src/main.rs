@@ -36,6 +36,33 @@ enum Command {
     Uuid(UuidCommand),
     /// Where a collection's bytes go, and what tokenization would save.
     Analyze(Box<AnalyzeArgs>),
+    /// Rewrite an existing collection into tokenized form, or back (--reverse).
+    Migrate(Box<MigrateArgs>),
+}
+
+#[derive(Args)]
+struct MigrateArgs {
+    /// The deployment (the upstream, not the proxy), as a mongodb:// URI.
+    #[arg(long, env = "LACONIC_UPSTREAM")]
+    uri: String,
+    #[arg(long)]
+    db: String,
+    #[arg(long)]
+    collection: String,
+    /// Write the documents back with full names.
+    #[arg(long)]
+    reverse: bool,
+    /// Documents per batch.
+    #[arg(long, default_value_t = 500)]
+    batch: usize,
+    /// Print what would be done (documents, indexes) and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Configuration file whose [proxy.tokenize] settings apply.
+    #[arg(long, env = "LACONIC_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    tokenize: TokenizeArgs,
 }
 
 #[derive(Subcommand)]
@@ -225,7 +252,45 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Uuid(cmd) => uuid(cmd),
         Command::Analyze(args) => runtime.block_on(analyze(*args)),
+        Command::Migrate(args) => runtime.block_on(migrate(*args)),
     }
+}
+
+async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    args.tokenize.apply(&mut config.proxy.tokenize);
+    config.validate()?;
+    let opts = laconic::migrate::Options {
+        uri: args.uri,
+        db: args.db,
+        collection: args.collection,
+        reverse: args.reverse,
+        batch: args.batch.max(1),
+        dry_run: args.dry_run,
+        tokenize: config.proxy.tokenize,
+        progress: std::io::stderr().is_terminal(),
+    };
+    let s = laconic::migrate::run(&opts).await?;
+    if !opts.dry_run {
+        println!(
+            "migrated {}.{}: {} documents examined, {} rewritten, {} redone after concurrent writes; indexes rebuilt: {}",
+            opts.db,
+            opts.collection,
+            s.examined,
+            s.rewritten,
+            s.retried,
+            if s.indexes_rebuilt.is_empty() { "none".to_owned() } else { s.indexes_rebuilt.join(", ") }
+        );
+        println!(
+            "collStats size: {} B -> {} B; storageSize: {} B -> {} B",
+            s.size_before, s.size_after, s.storage_before, s.storage_after
+        );
+    }
+    Ok(())
 }
 
 async fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {

@@ -8,6 +8,7 @@ mod aggregate;
 mod capture;
 mod errors;
 mod handshake;
+mod migrate;
 mod name_store;
 mod observe;
 mod passthrough;
