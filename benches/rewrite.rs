@@ -4,21 +4,11 @@
 
 use bson::RawDocumentBuf;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use laconic::bench::rewrite::sample_document;
-use laconic::rewrite::{expand, raw, tokenize};
-use laconic::token::{Dictionary, Policy};
+use laconic::bench::rewrite::sample;
+use laconic::rewrite::{expand, raw};
 
 fn rewrite(c: &mut Criterion) {
-    let logical = sample_document();
-    let policy =
-        Policy::new(8, &["custom".into()], "laconic").with_value_paths(&["top_artists".into()]);
-    let mut dict = Dictionary::default();
-    let mut names = Vec::new();
-    tokenize::collect_names(&logical, &policy, &mut names);
-    dict.add_names(&names);
-    let mut values = Vec::new();
-    tokenize::collect_values(&logical, &policy, &mut values);
-    dict.add_values(&values);
+    let (logical, policy, dict) = sample();
     let doc = RawDocumentBuf::from_document(&logical).unwrap();
     let mut stored = Vec::new();
     raw::tokenize(doc.as_bytes(), &policy, &dict, &mut stored).unwrap();

@@ -53,7 +53,9 @@ fn time<F: FnMut()>(length: Duration, mut f: F) -> (usize, Duration) {
     (runs, start.elapsed())
 }
 
-pub fn run(args: &RewriteArgs) {
+/// The sample document, the policy it is measured under, and a dictionary
+/// holding its names and values (as the name store would).
+pub fn sample() -> (Document, Policy, Dictionary) {
     let logical = sample_document();
     let policy =
         Policy::new(8, &["custom".into()], "laconic").with_value_paths(&["top_artists".into()]);
@@ -64,6 +66,11 @@ pub fn run(args: &RewriteArgs) {
     let mut values = Vec::new();
     tokenize::collect_values(&logical, &policy, &mut values);
     dict.add_values(&values);
+    (logical, policy, dict)
+}
+
+pub fn run(args: &RewriteArgs) {
+    let (logical, policy, dict) = sample();
 
     let raw = RawDocumentBuf::from_document(&logical).unwrap_or_default();
     let size = raw.as_bytes().len();

@@ -532,9 +532,8 @@ impl Tok<'_> {
             ),
             other => other.clone(),
         };
-        let mut out = Document::new();
-        for (k, v) in schema {
-            let v = match (k.as_str(), v) {
+        let out = each_field(schema, |k, v| {
+            Ok(match (k, v) {
                 ("patternProperties", _) => {
                     return Err(refuse(
                         "$jsonSchema patternProperties (a regular expression over field names)",
@@ -591,9 +590,8 @@ impl Tok<'_> {
                         .collect(),
                 ),
                 _ => v.clone(),
-            };
-            out.insert(k.clone(), v);
-        }
+            })
+        })?;
         Ok(out)
     }
 
@@ -747,9 +745,8 @@ impl Tok<'_> {
             Some(Bson::Document(ns)) => self.foreign_namespace("$lookup", ns)?,
             _ => self.clone_for_documents(),
         };
-        let mut out = Document::new();
-        for (k, v) in l {
-            let v = match (k.as_str(), v) {
+        let out = each_field(l, |k, v| {
+            Ok(match (k, v) {
                 ("localField", Bson::String(p)) => Bson::String(self.path(p, &[])),
                 ("foreignField", Bson::String(p)) => Bson::String(foreign.path(p, &[])),
                 ("as", Bson::String(p)) => Bson::String(self.path(p, &[])),
@@ -760,9 +757,8 @@ impl Tok<'_> {
                     Bson::Array(p)
                 }
                 _ => v.clone(),
-            };
-            out.insert(k.clone(), v);
-        }
+            })
+        })?;
         Ok(out)
     }
 
@@ -784,9 +780,8 @@ impl Tok<'_> {
             Some(Bson::Document(ns)) => self.foreign_namespace("$graphLookup", ns)?,
             _ => self.clone_for_documents(),
         };
-        let mut out = Document::new();
-        for (k, v) in g {
-            let v = match (k.as_str(), v) {
+        let out = each_field(g, |k, v| {
+            Ok(match (k, v) {
                 ("startWith", e) => self.expr_as(e, &[], &Vars::default(), Use::Moved)?,
                 ("connectFromField" | "connectToField", Bson::String(p)) => {
                     Bson::String(foreign.path(p, &[]))
@@ -796,16 +791,14 @@ impl Tok<'_> {
                     Bson::Document(foreign.checked_filter(q, &[])?)
                 }
                 _ => v.clone(),
-            };
-            out.insert(k.clone(), v);
-        }
+            })
+        })?;
         Ok(out)
     }
 
     fn window_fields(&self, w: &Document) -> Result<Document, ProxyError> {
-        let mut out = Document::new();
-        for (k, v) in w {
-            let v = match (k.as_str(), v) {
+        let out = each_field(w, |k, v| {
+            Ok(match (k, v) {
                 ("partitionBy", e) => self.expr(e, &[], &Vars::default())?,
                 ("sortBy", Bson::Document(s)) => Bson::Document(self.sort(s, &[])?),
                 ("output", Bson::Document(o)) => {
@@ -828,16 +821,14 @@ impl Tok<'_> {
                     Bson::Document(outputs)
                 }
                 _ => v.clone(),
-            };
-            out.insert(k.clone(), v);
-        }
+            })
+        })?;
         Ok(out)
     }
 
     fn fill(&self, f: &Document) -> Result<Document, ProxyError> {
-        let mut out = Document::new();
-        for (k, v) in f {
-            let v = match (k.as_str(), v) {
+        let mut out = each_field(f, |k, v| {
+            Ok(match (k, v) {
                 ("partitionBy", e) => self.expr(e, &[], &Vars::default())?,
                 ("sortBy", Bson::Document(s)) => Bson::Document(self.sort(s, &[])?),
                 ("output", Bson::Document(o)) => {
@@ -861,9 +852,8 @@ impl Tok<'_> {
                     Bson::Document(outputs)
                 }
                 _ => v.clone(),
-            };
-            out.insert(k.clone(), v);
-        }
+            })
+        })?;
         self.path_list(&mut out, "partitionByFields");
         Ok(out)
     }
@@ -872,9 +862,8 @@ impl Tok<'_> {
         if let Some(into) = m.get("into") {
             self.same_mapping("$merge", into)?;
         }
-        let mut out = Document::new();
-        for (k, v) in m {
-            let v = match (k.as_str(), v) {
+        let out = each_field(m, |k, v| {
+            Ok(match (k, v) {
                 ("on", Bson::String(p)) => Bson::String(self.path(p, &[])),
                 ("on", Bson::Array(ps)) => Bson::Array(
                     ps.iter()
@@ -891,9 +880,8 @@ impl Tok<'_> {
                     Bson::Array(p)
                 }
                 _ => v.clone(),
-            };
-            out.insert(k.clone(), v);
-        }
+            })
+        })?;
         Ok(out)
     }
 
@@ -1169,6 +1157,14 @@ impl Tok<'_> {
             _ => Err(computed()),
         }
     }
+}
+
+/// A document with each field's value rewritten by `f`, key order kept.
+fn each_field(
+    d: &Document,
+    mut f: impl FnMut(&str, &Bson) -> Result<Bson, ProxyError>,
+) -> Result<Document, ProxyError> {
+    d.iter().map(|(k, v)| Ok((k.clone(), f(k, v)?))).collect()
 }
 
 /// The logical path an expression stands for, when it is a bare field path
