@@ -163,6 +163,13 @@ impl Session {
 
         // A getMore for documents held back from an oversized batch is
         // answered here; the upstream is asked again once they are served.
+        if request.command == "killCursors" {
+            if let Some(m) = request.frame.op_msg() {
+                for id in rewrite::cursor::kill_cursors_targets(m.body()) {
+                    self.ctx.rewrite.cursor_kinds.remove(&id);
+                }
+            }
+        }
         if let Some(body) = self.answer_from_held(&request) {
             return self.answer(&request, &body).await;
         }
