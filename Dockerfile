@@ -6,6 +6,7 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY benches ./benches
 RUN cargo build --release --locked --bin laconic
 
 FROM debian:bookworm-slim
