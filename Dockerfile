@@ -14,7 +14,9 @@ RUN useradd --system --no-create-home --uid 10001 laconic
 COPY --from=build /src/target/release/laconic /usr/local/bin/laconic
 COPY config/laconic.toml /etc/laconic/laconic.toml
 USER 10001
-EXPOSE 27018
+# 27018: drivers; 9216: /metrics, /healthz, /readyz (probes).
+EXPOSE 27018 9216
 ENV LACONIC_LISTEN=0.0.0.0:27018 \
+    LACONIC_METRICS_LISTEN=0.0.0.0:9216 \
     LACONIC_LOG_FORMAT=json
 ENTRYPOINT ["/usr/local/bin/laconic", "serve", "--config", "/etc/laconic/laconic.toml"]
