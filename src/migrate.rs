@@ -148,6 +148,9 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         )
         .upsert(true)
         .await?;
+    // Proxies look for migrations once a second: give them time to see this
+    // one (and to pause updates, match both forms) before anything changes.
+    tokio::time::sleep(Duration::from_secs(2)).await;
 
     let bar = opts.progress.then(|| {
         let bar = indicatif::ProgressBar::new(total);

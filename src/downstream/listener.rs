@@ -116,10 +116,37 @@ async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
         )
     })?;
     let coll = client.database(&t.store_db).collection(&t.store_collection);
+    watch_migrations(
+        client.database(&t.store_db).collection("migrations"),
+        policies.migrating.clone(),
+    );
     Ok(Some(Tokens {
         policies,
         store: NameStore::new(coll, t.cap),
     }))
+}
+
+/// Keeps the set of collections being migrated (`laconic migrate` marks
+/// them in the store's database) up to date, once a second.
+fn watch_migrations(
+    coll: mongodb::Collection<bson::Document>,
+    migrating: Arc<crate::token::policy::Migrating>,
+) {
+    tokio::spawn(async move {
+        loop {
+            if let Ok(cursor) = coll.find(bson::doc! {"done": false}).await {
+                use futures::TryStreamExt;
+                if let Ok(docs) = cursor.try_collect::<Vec<bson::Document>>().await {
+                    migrating.replace(
+                        docs.iter()
+                            .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
+                            .collect(),
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
 }
 
 /// A bound, not yet running proxy.

@@ -510,12 +510,28 @@ impl Tok<'_> {
         parent: &[String],
     ) -> Result<Document, ProxyError> {
         super::crud::check_filter(f, self.policy)?;
-        super::tokenize::filter(f, parent, self.policy, self.names, &|op, v| match (op, v) {
-            ("$jsonSchema", Bson::Document(schema)) => {
-                self.json_schema(schema, parent).map(Bson::Document)
-            }
-            _ => self.expr(v, &[], &Vars::default()),
-        })
+        let stored =
+            super::tokenize::filter(f, parent, self.policy, self.names, &|op, v| match (op, v) {
+                ("$jsonSchema", Bson::Document(schema)) => {
+                    self.json_schema(schema, parent).map(Bson::Document)
+                }
+                _ => self.expr(v, &[], &Vars::default()),
+            })?;
+        if !self.migrating || !parent.is_empty() {
+            return Ok(stored);
+        }
+        // A collection being migrated holds both forms: match either.
+        let old_form = super::tokenize::filter(
+            f,
+            parent,
+            &crate::token::Policy::default(),
+            self.names,
+            &|_, v| Ok(v.clone()),
+        )?;
+        if old_form == stored {
+            return Ok(stored);
+        }
+        Ok(bson::doc! {"$or": [stored, old_form]})
     }
 
     /// A `$jsonSchema` relative to `parent`: property names in `properties`,

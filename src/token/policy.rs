@@ -80,6 +80,8 @@ impl Policy {
 pub struct Policies {
     default: Policy,
     rules: Vec<(String, Policy)>,
+    /// Collections `laconic migrate` is rewriting now ("db.coll").
+    pub migrating: std::sync::Arc<Migrating>,
     /// Commands and aggregation stages unknown to the rewriter that the
     /// operator has declared free of field names: forwarded as they are.
     pub pass_through: Vec<String>,
@@ -91,6 +93,7 @@ impl Policies {
             default,
             rules: Vec::new(),
             pass_through: Vec::new(),
+            migrating: Default::default(),
         }
     }
 
@@ -142,6 +145,12 @@ impl Policies {
                 .any(|(ns, p)| ns.split_once('.').is_some_and(|(d, _)| d == db) && p.applies_to(db))
     }
 
+    /// Whether `laconic migrate` is rewriting `db.coll` now: its documents
+    /// are in both forms.
+    pub fn is_migrating(&self, db: &str, coll: &str) -> bool {
+        self.migrating.contains(&format!("{db}.{coll}"))
+    }
+
     /// Whether any policy tokenizes values (whose dictionary regular
     /// expressions are matched against).
     pub fn has_value_paths(&self) -> bool {
@@ -149,6 +158,33 @@ impl Policies {
             || self.rules.iter().any(|(_, p)| !p.value_paths.is_empty())
     }
 }
+
+/// The namespaces being migrated, as the store last said (a set shared by
+/// every clone of the policies; it is state, not configuration, so it takes
+/// no part in comparing policies).
+#[derive(Debug, Default)]
+pub struct Migrating(std::sync::RwLock<std::collections::HashSet<String>>);
+
+impl Migrating {
+    pub fn contains(&self, ns: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(ns)
+    }
+
+    pub fn replace(&self, namespaces: std::collections::HashSet<String>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = namespaces;
+    }
+}
+
+impl PartialEq for Migrating {
+    fn eq(&self, _: &Migrating) -> bool {
+        true
+    }
+}
+
+impl Eq for Migrating {}
 
 #[cfg(test)]
 mod tests {

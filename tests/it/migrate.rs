@@ -177,6 +177,31 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     let _ = child.wait();
     let halfway = state.find_one(doc! {"_id": &id}).await.unwrap().unwrap();
     assert!(!halfway.get_bool("done").unwrap());
+    // Partly migrated: queries on tokenized names match both forms, and
+    // operator updates are paused with a clear error.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in [0, docs_total - 1] {
+        let filter = doc! {"customer_name": format!("customer {i}"), "custom.Loyalty Tier": i % 4};
+        assert_eq!(
+            via.count_documents(filter.clone()).await.unwrap(),
+            1,
+            "document {i}"
+        );
+        assert_eq!(via.find_one(filter).await.unwrap(), Some(original(i)));
+    }
+    let err = via
+        .update_one(doc! {"_id": 1}, doc! {"$set": {"event_type": "changed"}})
+        .await
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
+        panic!("{err}")
+    };
+    assert_eq!(e.code, 115);
+    assert!(
+        e.message.contains("paused until it finishes"),
+        "{}",
+        e.message
+    );
     let out = tokio::task::spawn_blocking(|| migrate_command(&[]).output().unwrap())
         .await
         .unwrap();
