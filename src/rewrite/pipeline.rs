@@ -298,9 +298,8 @@ impl Tok<'_> {
             ("$facet", Bson::Document(f)) => {
                 let mut out = Document::new();
                 for (k, v) in f {
-                    let mut sub = v.as_array().cloned().unwrap_or_default();
-                    self.pipeline(&mut sub)?;
-                    out.insert(self.name(&[], k), sub);
+                    let stages = v.as_array().map_or(&[][..], Vec::as_slice);
+                    out.insert(self.name(&[], k), self.sub_pipeline(stages)?);
                 }
                 Bson::Document(out)
             }
@@ -323,9 +322,7 @@ impl Tok<'_> {
                 let foreign = self.for_collection(coll);
                 let mut out = u.clone();
                 if let Ok(p) = u.get_array("pipeline") {
-                    let mut p = p.clone();
-                    foreign.pipeline(&mut p)?;
-                    out.insert("pipeline", p);
+                    out.insert("pipeline", foreign.sub_pipeline(p)?);
                 }
                 Bson::Document(out)
             }
@@ -386,6 +383,14 @@ impl Tok<'_> {
                 )))
             }
         })
+    }
+
+    /// A pipeline nested in a stage (`$lookup`, `$unionWith`, `$facet`,
+    /// `$merge`), rewritten for this collection.
+    fn sub_pipeline(&self, stages: &[Bson]) -> Result<Bson, ProxyError> {
+        let mut stages = stages.to_vec();
+        self.pipeline(&mut stages)?;
+        Ok(Bson::Array(stages))
     }
 
     /// The stages after `$changeStream` see change events: only the paths
@@ -767,11 +772,7 @@ impl Tok<'_> {
                 ("foreignField", Bson::String(p)) => Bson::String(foreign.path(p, &[])),
                 ("as", Bson::String(p)) => Bson::String(self.path(p, &[])),
                 ("let", Bson::Document(let_vars)) => Bson::Document(self.let_vars(let_vars)?),
-                ("pipeline", Bson::Array(p)) => {
-                    let mut p = p.clone();
-                    foreign.pipeline(&mut p)?;
-                    Bson::Array(p)
-                }
+                ("pipeline", Bson::Array(p)) => foreign.sub_pipeline(p)?,
                 _ => v.clone(),
             })
         })?;
@@ -890,11 +891,7 @@ impl Tok<'_> {
                         .collect(),
                 ),
                 ("let", Bson::Document(let_vars)) => Bson::Document(self.let_vars(let_vars)?),
-                ("whenMatched", Bson::Array(p)) => {
-                    let mut p = p.clone();
-                    self.pipeline(&mut p)?;
-                    Bson::Array(p)
-                }
+                ("whenMatched", Bson::Array(p)) => self.sub_pipeline(p)?,
                 _ => v.clone(),
             })
         })?;

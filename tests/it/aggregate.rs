@@ -778,12 +778,12 @@ async fn out_and_merge_store_tokens_that_read_back_as_on_the_twin() {
         ])
         .await
         .unwrap();
-        let bands = common::by_id(
+        let bands: Vec<Document> = common::by_id(
             &db.collection("customer_bands"),
             doc! {"score_band": "high"},
         )
         .await;
-        let totals = common::by_id(
+        let totals: Vec<Document> = common::by_id(
             &db.collection("region_totals"),
             doc! {"regional_total": {"$gt": 0}},
         )

@@ -256,8 +256,12 @@ pub async fn tap(target: String) -> Tap {
     Tap { addr, opcodes }
 }
 
-/// Every document matching `filter`, in `_id` order.
-pub async fn by_id(c: &mongodb::Collection<Document>, filter: Document) -> Vec<Document> {
+/// Every document matching `filter`, in `_id` order (as documents, or as
+/// raw bytes with a `Collection<RawDocumentBuf>`).
+pub async fn by_id<T>(c: &mongodb::Collection<T>, filter: Document) -> Vec<T>
+where
+    T: serde::de::DeserializeOwned + Send + Sync,
+{
     use futures::TryStreamExt;
     c.find(filter)
         .sort(doc! {"_id": 1})
@@ -266,6 +270,24 @@ pub async fn by_id(c: &mongodb::Collection<Document>, filter: Document) -> Vec<D
         .try_collect()
         .await
         .unwrap()
+}
+
+/// A collection's index specs as listIndexes gives them (read one per batch,
+/// so getMore is exercised), by name, without `ns`, which names the database.
+pub async fn index_specs(db: &mongodb::Database, coll: &str) -> Vec<Document> {
+    use futures::TryStreamExt;
+    let mut specs: Vec<Document> = db
+        .run_cursor_command(doc! {"listIndexes": coll, "cursor": {"batchSize": 1}})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    for s in &mut specs {
+        s.remove("ns");
+    }
+    specs.sort_by_key(|s| s.get_str("name").unwrap_or_default().to_owned());
+    specs
 }
 
 /// A dropped, empty collection `c` in the database for `test`/`side`.

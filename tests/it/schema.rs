@@ -23,23 +23,6 @@ async fn twins(test: &str) -> (laconic::downstream::ProxyHandle, Database, Datab
     (proxy, via, direct)
 }
 
-/// Index specs as listIndexes gives them, without the fields that name the
-/// namespace (which differs between the twins).
-async fn index_specs(db: &Database, coll: &str) -> Vec<Document> {
-    let mut specs: Vec<Document> = db
-        .run_cursor_command(doc! {"listIndexes": coll, "cursor": {"batchSize": 1}})
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    for s in &mut specs {
-        s.remove("ns");
-    }
-    specs.sort_by_key(|s| s.get_str("name").unwrap_or_default().to_owned());
-    specs
-}
-
 #[tokio::test]
 async fn index_lifecycle_matches_the_twin() {
     let (_proxy, via, direct) = twins("idx").await;
@@ -73,7 +56,7 @@ async fn index_lifecycle_matches_the_twin() {
         ])
         .await
         .unwrap();
-        let specs = index_specs(db, "people").await;
+        let specs = common::index_specs(db, "people").await;
         // A hint by key pattern, in find and in count.
         let hinted = common::by_id(&c, doc! {"score": {"$gt": 0}}).await;
         let with_hint: Vec<Document> = c
@@ -102,14 +85,14 @@ async fn index_lifecycle_matches_the_twin() {
         )
         .await
         .unwrap();
-        let after = index_specs(db, "people").await;
+        let after = common::index_specs(db, "people").await;
         seen.push((specs, hinted, with_hint, dup, after));
     }
     assert_eq!(seen[0], seen[1]);
     assert_eq!(seen[0].0.len(), 4, "{:?}", seen[0].0);
     assert_eq!(seen[0].4.len(), 2, "{:?}", seen[0].4);
     // Upstream, the key patterns are on tokens.
-    let raw = index_specs(
+    let raw = common::index_specs(
         &common::direct().await.database(&db_name("idx", "proxy")),
         "people",
     )
@@ -166,7 +149,7 @@ async fn validators_and_views_match_the_twin() {
         })
         .await
         .unwrap();
-        let view = common::by_id(
+        let view: Vec<Document> = common::by_id(
             &db.collection("member_emails"),
             doc! {"tier_level": {"$gte": 1}},
         )
@@ -291,14 +274,19 @@ async fn change_events_match_the_twin_and_resume() {
     );
 
     // A cluster-wide stream names each event's fields with its database's dictionary.
+    // Other tests write to other databases meanwhile, each with a name store
+    // of its own: the stream keeps to this test's database.
+    let ours = db_name("cs", "proxy");
     let admin = common::via_proxy(&proxy).await;
-    let mut cluster = admin.watch().await.unwrap();
+    let mut cluster = admin
+        .watch()
+        .pipeline(vec![doc! {"$match": {"ns.db": &ours}}])
+        .await
+        .unwrap();
     via.collection::<Document>("people")
         .insert_one(doc! {"_id": 9, "cluster_field": "z"})
         .await
         .unwrap();
-    // Other tests write to other databases meanwhile: find this one's event.
-    let ours = db_name("cs", "proxy");
     let event = tokio::time::timeout(std::time::Duration::from_secs(20), async {
         loop {
             let e = cluster.next().await.unwrap().unwrap();
