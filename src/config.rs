@@ -145,6 +145,9 @@ pub struct ProxyConfig {
     pub capture_dir: Option<PathBuf>,
     /// Serve /metrics, /healthz and /readyz on this address (off if unset).
     pub metrics_listen: Option<String>,
+    /// Collect the counters /metrics serves (on by default; off, /metrics
+    /// says so and /healthz and /readyz are still served).
+    pub metrics: bool,
     /// Compare a sample of reads with an untokenized deployment.
     pub shadow: Option<ShadowConfig>,
     /// Collections whose shard key is rewritten with Locality UUIDs.
@@ -243,6 +246,7 @@ impl Default for ProxyConfig {
             upstream_compressors: Vec::new(),
             capture_dir: None,
             metrics_listen: None,
+            metrics: true,
             shadow: None,
             shard_keys: Vec::new(),
             tokenize: TokenizeConfig::default(),

@@ -117,6 +117,9 @@ struct ServeArgs {
     /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9216).
     #[arg(long, value_name = "ADDR", env = "LACONIC_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// Collect no metrics (/metrics then says so; the health endpoints stay).
+    #[arg(long, env = "LACONIC_NO_METRICS")]
+    no_metrics: bool,
     /// Shadow mode: compare a sample of reads with this untokenized deployment.
     #[arg(long, value_name = "URI", env = "LACONIC_SHADOW")]
     shadow: Option<String>,
@@ -435,6 +438,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(v) = args.metrics_listen {
         p.metrics_listen = Some(v);
+    }
+    if args.no_metrics {
+        p.metrics = false;
     }
     if let Some(uri) = args.shadow {
         p.shadow = Some(laconic::config::ShadowConfig {

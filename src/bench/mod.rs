@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// tokens (the workload's names are 4–5 bytes long).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub tokenize_min_len: usize,
+    /// Also run a second Laconic with metrics collection off (target
+    /// "no-metrics"), and report metrics on/off as a ratio.
+    #[arg(long)]
+    pub metrics_off: bool,
 }
 
 /// One measured case.
@@ -121,6 +125,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     config.tokenize.min_len = args.tokenize_min_len;
     config.tokenize.store_db = "laconic_bench_store".into();
+    let quiet = if args.metrics_off {
+        let config = ProxyConfig {
+            metrics: false,
+            ..config.clone()
+        };
+        Some(Proxy::start(config).await?)
+    } else {
+        None
+    };
     let proxy = Proxy::start(config).await?;
     let relay = if args.no_relay {
         None
@@ -141,6 +154,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         ("direct", uri(&upstream_host)),
         ("laconic", uri(&proxy.addr.to_string())),
     ];
+    if let Some(q) = &quiet {
+        targets.push(("no-metrics", uri(&q.addr.to_string())));
+    }
     if let Some(r) = &relay {
         targets.push(("relay", uri(&r.addr)));
     }
@@ -168,7 +184,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     );
     println!(
-        "{:<26} {:>3} {:<8} {:>10} {:>9} {:>9}",
+        "{:<26} {:>3} {:<10} {:>10} {:>9} {:>9}",
         "operation", "c", "target", "ops/s", "p50 µs", "p99 µs"
     );
     let mut summary = Vec::new();
@@ -187,7 +203,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             for ((name, _, _), s) in clients.iter().zip(samples) {
                 let m = Measurement::from_samples(s);
                 println!(
-                    "{:<26} {:>3} {:<8} {:>10.0} {:>9} {:>9}",
+                    "{:<26} {:>3} {:<10} {:>10.0} {:>9} {:>9}",
                     op.name(),
                     c,
                     name,
@@ -203,8 +219,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     println!();
     println!(
-        "{:<26} {:>3} {:>18} {:>18} {:>22}",
-        "operation", "c", "laconic/direct", "relay/direct", "added p50 vs relay's"
+        "{:<26} {:>3} {:>18} {:>18} {:>22} {:>18}",
+        "operation",
+        "c",
+        "laconic/direct",
+        "relay/direct",
+        "added p50 vs relay's",
+        "metrics on/off"
     );
     for (op, c, results) in &summary {
         let get = |n: &str| results.iter().find(|(name, _)| *name == n).map(|(_, m)| m);
@@ -213,18 +234,21 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         };
         let relay = get("relay");
         let added = |m: &Measurement| m.p50.as_secs_f64() - d.p50.as_secs_f64();
+        let ratio = |m: Option<&Measurement>, base: &Measurement| {
+            m.map_or("-".into(), |m| {
+                format!("{:.3}x", m.ops_per_sec() / base.ops_per_sec())
+            })
+        };
         println!(
-            "{:<26} {:>3} {:>17.3}x {:>18} {:>22}",
+            "{:<26} {:>3} {:>17.3}x {:>18} {:>22} {:>18}",
             op.name(),
             c,
             l.ops_per_sec() / d.ops_per_sec(),
-            relay.map_or("-".into(), |r| format!(
-                "{:.3}x",
-                r.ops_per_sec() / d.ops_per_sec()
-            )),
+            ratio(relay, d),
             relay.map_or("-".into(), |r| {
                 format!("{:+.0} µs vs {:+.0} µs", added(l) * 1e6, added(r) * 1e6)
             }),
+            get("no-metrics").map_or("-".into(), |q| ratio(Some(l), q)),
         );
     }
     for (_, client, coll) in clients {
@@ -232,6 +256,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         client.shutdown().await;
     }
     proxy.shutdown.trigger();
+    if let Some(q) = quiet {
+        q.shutdown.trigger();
+    }
     Ok(())
 }
 

@@ -60,6 +60,7 @@ impl ProxyContext {
             )),
             None => None,
         };
+        let metrics = config.metrics;
         Ok(ProxyContext {
             rewrite: rewrite::Settings {
                 client_compressors: config.client_compressors(),
@@ -72,7 +73,7 @@ impl ProxyContext {
             capture,
             config,
             held: DashMap::new(),
-            metrics: Metrics::default(),
+            metrics: Metrics::new(metrics),
             health,
             shadow,
             next_session: AtomicU64::new(1),

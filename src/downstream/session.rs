@@ -152,11 +152,11 @@ impl Session {
     async fn handle(&mut self, frame: Frame) -> Result<(), ProxyError> {
         let started = Instant::now();
         let request = self.decode(frame)?;
-        let _timer = RequestTimer {
+        let _timer = self.ctx.metrics.enabled().then(|| RequestTimer {
             ctx: self.ctx.clone(),
             command: request.command.clone(),
             started,
-        };
+        });
         if let Some(c) = &mut self.capture {
             c.record(Direction::Request, &request.frame);
         }
@@ -194,7 +194,10 @@ impl Session {
             }
         };
         let outbound = rewritten.frame.unwrap_or_else(|| request.frame.clone());
-        if request.command == "insert" && self.ctx.rewrite.tokens.is_some() {
+        if request.command == "insert"
+            && self.ctx.rewrite.tokens.is_some()
+            && self.ctx.metrics.enabled()
+        {
             self.count_documents(&request.frame, &outbound);
         }
 

@@ -53,6 +53,8 @@ pub enum Way {
 
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// Collection switched off (`proxy.metrics = false`): nothing is counted.
+    off: bool,
     connections_open: AtomicI64,
     connections_total: AtomicU64,
     connections_refused: AtomicU64,
@@ -73,20 +75,43 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    pub fn new(enabled: bool) -> Metrics {
+        Metrics {
+            off: !enabled,
+            ..Metrics::default()
+        }
+    }
+
+    /// Whether anything is counted: callers skip work done only for metrics.
+    pub fn enabled(&self) -> bool {
+        !self.off
+    }
     pub fn connection_opened(&self) {
+        if self.off {
+            return;
+        }
         self.connections_open.fetch_add(1, Relaxed);
         self.connections_total.fetch_add(1, Relaxed);
     }
 
     pub fn connection_closed(&self) {
+        if self.off {
+            return;
+        }
         self.connections_open.fetch_sub(1, Relaxed);
     }
 
     pub fn connection_refused(&self) {
+        if self.off {
+            return;
+        }
         self.connections_refused.fetch_add(1, Relaxed);
     }
 
     pub fn request(&self, command: &str, took: Duration) {
+        if self.off {
+            return;
+        }
         // Command names come from drivers: keep the label set bounded.
         let name = if command.len() <= 32
             && command
@@ -108,6 +133,9 @@ impl Metrics {
     }
 
     pub fn bytes(&self, leg: Leg, way: Way, n: usize) {
+        if self.off {
+            return;
+        }
         let i = match (leg, way) {
             (Leg::Client, Way::In) => 0,
             (Leg::Client, Way::Out) => 1,
@@ -120,6 +148,9 @@ impl Metrics {
     /// Documents of `namespace` that are `logical` bytes to the application
     /// and `physical` bytes stored; `op` is "write" or "read".
     pub fn documents(&self, namespace: &str, op: &'static str, logical: usize, physical: usize) {
+        if self.off {
+            return;
+        }
         let key = (namespace.to_owned(), op);
         let entry = self.documents.entry(key).or_default();
         entry[0].fetch_add(logical as u64, Relaxed);
@@ -127,11 +158,17 @@ impl Metrics {
     }
 
     pub fn error(&self, kind: &'static str) {
+        if self.off {
+            return;
+        }
         self.errors.entry(kind).or_default().fetch_add(1, Relaxed);
     }
 
     /// A command whose names the cache knew (`hit`) or that needed the store.
     pub fn store_lookup(&self, hit: bool) {
+        if self.off {
+            return;
+        }
         let c = if hit {
             &self.store_hits
         } else {
@@ -142,6 +179,9 @@ impl Metrics {
 
     /// One shadowed read: `Some(differs)`, or `None` if the shadow did not answer.
     pub fn shadow(&self, command: &str, outcome: Option<bool>) {
+        if self.off {
+            return;
+        }
         let entry = self.shadow.entry(command.to_owned()).or_default();
         let i = match outcome {
             Some(false) => 0,
@@ -155,6 +195,9 @@ impl Metrics {
     }
 
     pub fn store_round_trips(&self, n: usize) {
+        if self.off {
+            return;
+        }
         self.store_round_trips.fetch_add(n as u64, Relaxed);
     }
 
@@ -162,6 +205,10 @@ impl Metrics {
     /// dictionary scope holds.
     pub fn render(&self, store_sizes: &[(String, usize)]) -> String {
         let mut out = String::new();
+        if self.off {
+            out.push_str("# metrics collection is off (proxy.metrics = false)\n");
+            return out;
+        }
         let family = |out: &mut String, name: &str, kind: &str, help: &str| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
@@ -406,6 +453,26 @@ fn escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn switched_off_counts_nothing() {
+        let m = Metrics::new(false);
+        assert!(!m.enabled());
+        m.connection_opened();
+        m.request("insert", Duration::from_micros(300));
+        m.bytes(Leg::Client, Way::In, 100);
+        m.documents("app.users", "write", 1000, 600);
+        m.error("CommandNotSupported");
+        m.store_round_trips(3);
+        assert!(m.requests.is_empty() && m.documents.is_empty() && m.errors.is_empty());
+        assert_eq!(m.connections_total.load(Relaxed), 0);
+        assert_eq!(m.bytes[0].load(Relaxed), 0);
+        assert_eq!(
+            m.render(&[("app".into(), 12)]),
+            "# metrics collection is off (proxy.metrics = false)\n"
+        );
+        assert!(Metrics::new(true).enabled());
+    }
 
     #[test]
     fn renders_counters_and_histograms() {
