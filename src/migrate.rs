@@ -1,9 +1,11 @@
 //! `laconic migrate`: an existing collection's documents rewritten into
 //! tokenized form (or, with `--reverse`, back to full names), in place.
 //!
-//! - **Batches in `_id` order.** Each batch is read straight from the
-//!   upstream, every document brought to its target form, and written back
-//!   with one `update` command of replacements.
+//! - **Batches in `_id` order.** The documents are read with one cursor in
+//!   `_id` order, a batch at a time; every document of a batch is brought
+//!   to its target form, and the batch written back with one `update`
+//!   command. Proxies use the same rewrite (`Target`) on the documents an
+//!   update will meet while the collection migrates.
 //! - **Idempotent.** A document is first expanded to its logical form (so a
 //!   document already tokenized, or partly tokenized by writes made through
 //!   the proxy meanwhile, is read correctly; a field present in both forms
@@ -168,86 +170,75 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         ..Summary::default()
     };
     let started = Instant::now();
+    // One cursor in `_id` order (an index scan), read a batch at a time. A
+    // cursor lost on the way (a server restart, an idle timeout) is opened
+    // again after the last `_id` done.
+    // Once it ends, one more is opened after the last `_id` done, for the
+    // documents inserted meanwhile, until one finds nothing.
+    let mut cursor = None;
+    let mut reopened = 0;
+    let mut read_since_open = 0;
     loop {
-        let batch: Vec<RawDocumentBuf> = coll
-            .find(doc! {"_id": {"$gt": last.clone()}})
-            .sort(doc! {"_id": 1})
-            .limit(opts.batch as i64)
-            .await?
-            .try_collect()
-            .await?;
+        let mut batch: Vec<RawDocumentBuf> = Vec::with_capacity(opts.batch);
+        while batch.len() < opts.batch {
+            let c = match &mut cursor {
+                Some(c) => c,
+                None => cursor.insert(
+                    coll.find(doc! {"_id": {"$gt": last.clone()}})
+                        .sort(doc! {"_id": 1})
+                        .hint(mongodb::options::Hint::Keys(doc! {"_id": 1}))
+                        .batch_size(opts.batch as u32)
+                        .await?,
+                ),
+            };
+            match c.try_next().await {
+                Ok(Some(d)) => {
+                    read_since_open += 1;
+                    batch.push(d);
+                }
+                Ok(None) if read_since_open == 0 => break,
+                Ok(None) => {
+                    cursor = None;
+                    read_since_open = 0;
+                    if !batch.is_empty() {
+                        break; // done first, so that `last` moves past it
+                    }
+                }
+                Err(e) if reopened < 3 => {
+                    tracing::warn!(error = %e, "migration cursor lost; reading again after the last _id done");
+                    reopened += 1;
+                    cursor = None;
+                    read_since_open = 0;
+                    if !batch.is_empty() {
+                        break; // done first, so that `last` moves past it
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let Some(tail) = batch.last() else { break };
         let tail_id = tail
             .get("_id")?
             .map(|v| v.to_raw_bson())
             .and_then(|v| Bson::try_from(v).ok())
             .unwrap_or(Bson::MaxKey);
-        let rewritten_before = summary.rewritten;
-        let mut pending = batch;
-        let mut attempts = 0;
-        while !pending.is_empty() {
-            attempts += 1;
-            if attempts > 10 {
-                anyhow::bail!(
-                    "documents of {state_id} keep changing under the migration; try again"
-                );
-            }
-            let (updates, ids) =
-                rewrite_batch(&pending, &store, &opts.db, &policy, opts.reverse).await?;
-            summary.examined += if attempts == 1 {
-                pending.len() as u64
-            } else {
-                0
-            };
-            if updates.is_empty() {
-                break;
-            }
-            let count = updates.len();
-            let reply = db
-                .run_command(
-                    doc! {"update": &opts.collection, "updates": updates, "ordered": false},
-                )
-                .await?;
-            let matched = match reply.get("n") {
-                Some(Bson::Int32(n)) => *n as usize,
-                Some(Bson::Int64(n)) => *n as usize,
-                _ => 0,
-            };
-            if matched == count {
-                summary.rewritten += count as u64;
-                break;
-            }
-            // The ones a writer changed in between are not in their target
-            // form: read them again and redo them.
-            let again: Vec<RawDocumentBuf> = coll
-                .find(doc! {"_id": {"$in": ids.clone()}})
-                .await?
-                .try_collect()
-                .await?;
-            let (still, _) = rewrite_batch(&again, &store, &opts.db, &policy, opts.reverse).await?;
-            let redo: Vec<Bson> = still
-                .iter()
-                .filter_map(|u| u.as_document()?.get_document("q").ok()?.get("_id").cloned())
-                .collect();
-            summary.rewritten += (ids.len() - redo.len()) as u64;
-            summary.retried += redo.len() as u64;
-            pending = again
-                .into_iter()
-                .filter(|d| {
-                    d.get("_id")
-                        .ok()
-                        .flatten()
-                        .and_then(|v| Bson::try_from(v.to_raw_bson()).ok())
-                        .is_some_and(|id| redo.contains(&id))
-                })
-                .collect();
-        }
+        summary.examined += batch.len() as u64;
+        let target = Target {
+            coll: &coll,
+            store: &store,
+            db: &opts.db,
+            policy: &policy,
+            reverse: opts.reverse,
+        };
+        let (rewritten, retried) = target.convert(batch).await?;
+        summary.rewritten += rewritten;
+        summary.retried += retried;
         last = tail_id;
         state_coll
             .update_one(
                 doc! {"_id": &state_id},
                 doc! {"$set": {"last_id": last.clone(), "updated": bson::DateTime::now()},
-                "$inc": {"rewritten": (summary.rewritten - rewritten_before) as i64}},
+                "$inc": {"rewritten": rewritten as i64}},
             )
             .await?;
         if let Some(bar) = &bar {
@@ -271,6 +262,108 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     summary.size_after = size_after;
     summary.storage_after = storage_after;
     Ok(summary)
+}
+
+/// A collection and the form its documents are brought to.
+pub struct Target<'a> {
+    pub coll: &'a Collection<RawDocumentBuf>,
+    pub store: &'a NameStore,
+    pub db: &'a str,
+    pub policy: &'a Policy,
+    /// Full names (`--reverse`) rather than tokens.
+    pub reverse: bool,
+}
+
+impl Target<'_> {
+    /// Brings `docs` to the target form, each with one conditional update;
+    /// a document a writer changed in between is read again and redone.
+    /// Returns (documents rewritten, documents redone).
+    pub async fn convert(&self, docs: Vec<RawDocumentBuf>) -> anyhow::Result<(u64, u64)> {
+        let (mut rewritten, mut retried) = (0, 0);
+        let mut pending = docs;
+        let mut attempts = 0;
+        while !pending.is_empty() {
+            attempts += 1;
+            if attempts > 10 {
+                anyhow::bail!(
+                    "documents of {}.{} keep changing under the migration; try again",
+                    self.db,
+                    self.coll.name()
+                );
+            }
+            let (updates, ids) =
+                rewrite_batch(&pending, self.store, self.db, self.policy, self.reverse).await?;
+            if updates.is_empty() {
+                break;
+            }
+            let count = updates.len();
+            let reply = self
+                .coll
+                .client()
+                .database(self.db)
+                .run_command(
+                    doc! {"update": self.coll.name(), "updates": updates, "ordered": false},
+                )
+                .await?;
+            let matched = match reply.get("n") {
+                Some(Bson::Int32(n)) => *n as usize,
+                Some(Bson::Int64(n)) => *n as usize,
+                _ => 0,
+            };
+            if matched == count {
+                rewritten += count as u64;
+                break;
+            }
+            // The ones a writer changed in between are not in their target
+            // form: read them again and redo them.
+            let again: Vec<RawDocumentBuf> = self
+                .coll
+                .find(doc! {"_id": {"$in": ids.clone()}})
+                .await?
+                .try_collect()
+                .await?;
+            let (still, _) =
+                rewrite_batch(&again, self.store, self.db, self.policy, self.reverse).await?;
+            let redo: Vec<Bson> = still
+                .iter()
+                .filter_map(|u| u.as_document()?.get_document("q").ok()?.get("_id").cloned())
+                .collect();
+            rewritten += (ids.len() - redo.len()) as u64;
+            retried += redo.len() as u64;
+            pending = again
+                .into_iter()
+                .filter(|d| {
+                    d.get("_id")
+                        .ok()
+                        .flatten()
+                        .and_then(|v| Bson::try_from(v.to_raw_bson()).ok())
+                        .is_some_and(|id| redo.contains(&id))
+                })
+                .collect();
+        }
+        Ok((rewritten, retried))
+    }
+
+    /// Brings every document `filter` (in stored form) matches to the
+    /// target form, a batch at a time: what a proxy does before an update
+    /// of a collection being migrated. Returns the documents rewritten.
+    pub async fn convert_matching(&self, filter: Document) -> anyhow::Result<u64> {
+        let mut cursor = self.coll.find(filter).batch_size(500).await?;
+        let mut total = 0;
+        loop {
+            let mut batch = Vec::new();
+            while batch.len() < 500 {
+                match cursor.try_next().await? {
+                    Some(d) => batch.push(d),
+                    None => break,
+                }
+            }
+            if batch.is_empty() {
+                return Ok(total);
+            }
+            total += self.convert(batch).await?.0;
+        }
+    }
 }
 
 /// The replacements a batch needs (`update` statements) and their `_id`s.
