@@ -46,6 +46,10 @@ pub enum ProxyError {
     /// A request the proxy cannot forward faithfully.
     #[error("{0}")]
     Unsupported(String),
+    /// Documents of a collection being migrated could not be rewritten ahead
+    /// of an update (they kept changing, or the upstream failed).
+    #[error("{0}")]
+    Migration(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -57,7 +61,7 @@ impl ProxyError {
             ProxyError::DownstreamLost(_) => Side::Downstream,
             ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamLost(_) => Side::Upstream,
             ProxyError::UnsupportedOpQuery(_) | ProxyError::Unsupported(_) => Side::Downstream,
-            ProxyError::NameStore(_) => Side::Upstream,
+            ProxyError::NameStore(_) | ProxyError::Migration(_) => Side::Upstream,
             ProxyError::UnknownTokens { .. } => Side::Internal,
             ProxyError::ReplyTooLarge(_) => Side::Upstream,
             ProxyError::Internal(_) => Side::Internal,
@@ -74,6 +78,7 @@ impl ProxyError {
             ProxyError::UpstreamLost(_) => (6, "HostUnreachable"),
             ProxyError::UnsupportedOpQuery(_) => (352, "UnsupportedOpQueryCommand"),
             ProxyError::Unsupported(_) => (115, "CommandNotSupported"),
+            ProxyError::Migration(_) => (112, "WriteConflict"),
             ProxyError::NameStore(_) => (6, "HostUnreachable"),
             ProxyError::UnknownTokens { .. } => (1, "InternalError"),
             ProxyError::ReplyTooLarge(_) => (10334, "BSONObjectTooLarge"),
@@ -87,6 +92,7 @@ impl ProxyError {
             self,
             ProxyError::UnsupportedOpQuery(_)
                 | ProxyError::Unsupported(_)
+                | ProxyError::Migration(_)
                 | ProxyError::NameStore(_)
                 | ProxyError::UnknownTokens { .. }
                 | ProxyError::ReplyTooLarge(_)

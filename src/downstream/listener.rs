@@ -31,8 +31,10 @@ pub struct ProxyContext {
     pub held: DashMap<i64, (Instant, rewrite::cursor::Held)>,
     /// Counters for /metrics.
     pub metrics: Metrics,
-    /// A driver of the proxy's own, for /readyz.
-    pub health: mongodb::Client,
+    /// A driver of the proxy's own to the upstream: /readyz pings through
+    /// it, and documents are brought to their stored form through it ahead
+    /// of updates while a collection migrates.
+    pub own: mongodb::Client,
     /// The untokenized deployment reads are compared with, in shadow mode.
     pub shadow: Option<Arc<crate::observe::Shadow>>,
     next_session: AtomicU64,
@@ -46,7 +48,7 @@ impl ProxyContext {
             Some(dir) => Some(CaptureDir::create(dir)?),
             None => None,
         };
-        let health = health_client(&config.upstream).await?;
+        let own = own_client(&config.upstream).await?;
         let shadow = match &config.shadow {
             Some(s) => Some(Arc::new(
                 crate::observe::Shadow::connect(&s.uri, s.sample)
@@ -74,7 +76,7 @@ impl ProxyContext {
             config,
             held: DashMap::new(),
             metrics: Metrics::new(metrics),
-            health,
+            own,
             shadow,
             next_session: AtomicU64::new(1),
         })
@@ -86,7 +88,7 @@ impl ProxyContext {
 }
 
 /// A client that gives up on the upstream after 2 s, for readiness checks.
-async fn health_client(uri: &str) -> std::io::Result<mongodb::Client> {
+async fn own_client(uri: &str) -> std::io::Result<mongodb::Client> {
     let invalid = |e: mongodb::error::Error| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -98,7 +100,7 @@ async fn health_client(uri: &str) -> std::io::Result<mongodb::Client> {
         .map_err(invalid)?;
     options.server_selection_timeout = Some(Duration::from_secs(2));
     options.connect_timeout = Some(Duration::from_secs(2));
-    options.app_name = Some("laconic-health".into());
+    options.app_name = Some("laconic".into());
     mongodb::Client::with_options(options).map_err(invalid)
 }
 
@@ -127,20 +129,32 @@ async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
     }))
 }
 
-/// Keeps the set of collections being migrated (`laconic migrate` marks
-/// them in the store's database) up to date, once a second.
+/// Keeps what the proxies know of migrations (`laconic migrate` marks the
+/// collections in the store's database) up to date, once a second: the
+/// collections being migrated, and those written back to full names.
 fn watch_migrations(
     coll: mongodb::Collection<bson::Document>,
     migrating: Arc<crate::token::policy::Migrating>,
 ) {
     tokio::spawn(async move {
         loop {
-            if let Ok(cursor) = coll.find(bson::doc! {"done": false}).await {
+            let running_or_reversed =
+                bson::doc! {"$or": [{"done": false}, {"direction": "reverse"}]};
+            if let Ok(cursor) = coll.find(running_or_reversed).await {
+                use crate::token::{Migration, MigrationState as State};
                 use futures::TryStreamExt;
                 if let Ok(docs) = cursor.try_collect::<Vec<bson::Document>>().await {
                     migrating.replace(
                         docs.iter()
-                            .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
+                            .filter_map(|d| {
+                                let reverse = d.get_str("direction") == Ok("reverse");
+                                let state = match (d.get_bool("done").unwrap_or(false), reverse) {
+                                    (true, _) => State::Reversed,
+                                    (false, true) => State::Migrating(Migration::Reverse),
+                                    (false, false) => State::Migrating(Migration::Forward),
+                                };
+                                Some((d.get_str("_id").ok()?.to_owned(), state))
+                            })
                             .collect(),
                     );
                 }

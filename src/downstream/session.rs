@@ -174,13 +174,9 @@ impl Session {
             return self.answer(&request, &body).await;
         }
 
-        // ④ rewrite request (allocating tokens first: a failure forwards nothing)
+        // ④ rewrite request (a failure forwards nothing)
         let more_to_come = request.frame.more_to_come();
-        let rewritten = match self
-            .prepare_tokens(&request)
-            .await
-            .and_then(|()| rewrite::request(&request.frame, &self.ctx.rewrite, &self.legs))
-        {
+        let (outbound, plan) = match self.prepare(&request).await {
             Ok(r) => r,
             Err(e) if more_to_come => {
                 // The driver expects no reply to this request: the refusal can
@@ -193,7 +189,6 @@ impl Session {
                 return if e.ends_session() { Err(e) } else { Ok(()) };
             }
         };
-        let outbound = rewritten.frame.unwrap_or_else(|| request.frame.clone());
         if request.command == "insert"
             && self.ctx.rewrite.tokens.is_some()
             && self.ctx.metrics.enabled()
@@ -238,7 +233,7 @@ impl Session {
             };
             let reply = decompress(reply, Side::Upstream, self.ctx.config.max_message_size)?.0;
             let more = reply.more_to_come();
-            let reply = match self.rewrite_reply(reply, &rewritten.plan).await {
+            let reply = match self.rewrite_reply(reply, &plan).await {
                 Ok(reply) => reply,
                 Err(e) => {
                     // The upstream answered but the answer cannot be shown
@@ -270,6 +265,70 @@ impl Session {
                 return Ok(());
             }
         }
+    }
+
+    /// ④ The request as it is forwarded, and how its reply is read: the
+    /// tokens it needs allocated, then the rewrite, then (while its
+    /// collection migrates) the documents an update will meet brought to the
+    /// stored form.
+    async fn prepare(
+        &mut self,
+        request: &Request,
+    ) -> Result<(Frame, rewrite::ReplyPlan), ProxyError> {
+        self.prepare_tokens(request).await?;
+        let rewritten = rewrite::request(&request.frame, &self.ctx.rewrite, &self.legs)?;
+        let outbound = rewritten.frame.unwrap_or_else(|| request.frame.clone());
+        self.convert_ahead(request).await?;
+        Ok((outbound, rewritten.plan))
+    }
+
+    /// While `laconic migrate` rewrites a collection, an operator or
+    /// pipeline update could meet a document still in the other form and
+    /// write beside its fields: the documents its filters match are
+    /// rewritten first, the way the migration does it (one conditional
+    /// update each), so that the update meets the stored form only.
+    async fn convert_ahead(&self, request: &Request) -> Result<(), ProxyError> {
+        let (Some(t), Some(m)) = (&self.ctx.rewrite.tokens, request.frame.op_msg()) else {
+            return Ok(());
+        };
+        if !matches!(
+            request.command.as_str(),
+            "update" | "findAndModify" | "findandmodify"
+        ) {
+            return Ok(());
+        }
+        let cmd = rewrite::Command::from_msg(m)?;
+        let (Some(db), Some(coll)) = (cmd.db(), cmd.collection()) else {
+            return Ok(());
+        };
+        let Some(migration) = t.policies.migration(db, coll) else {
+            return Ok(());
+        };
+        let filters = t.store.read(db, |names| {
+            rewrite::crud::migration_filters(&cmd, db, &t.policies, names)
+        })?;
+        let target = crate::migrate::Target {
+            coll: &self.ctx.own.database(db).collection(coll),
+            store: &t.store,
+            db,
+            policy: t.policies.get(db, coll),
+            reverse: migration == crate::token::Migration::Reverse,
+        };
+        for filter in filters {
+            let n = target.convert_matching(filter).await.map_err(|e| {
+                ProxyError::Migration(format!(
+                    "{db}.{coll} is being migrated, and the documents this update matches could not be brought to one form first: {e}"
+                ))
+            })?;
+            debug!(
+                session = self.id,
+                db,
+                coll,
+                documents = n,
+                "rewritten ahead of an update"
+            );
+        }
+        Ok(())
     }
 
     /// Counts an insert's document bytes as sent and as stored.

@@ -105,7 +105,7 @@ fn store_sizes(ctx: &ProxyContext) -> Vec<(String, usize)> {
 /// store can be read.
 async fn ready(ctx: &ProxyContext) -> Result<(), String> {
     let limit = Duration::from_secs(2);
-    let admin = ctx.health.database("admin");
+    let admin = ctx.own.database("admin");
     let ping = admin.run_command(bson::doc! {"ping": 1});
     match tokio::time::timeout(limit, ping).await {
         Ok(Ok(_)) => {}

@@ -7,7 +7,7 @@ use bson::{Bson, Document};
 use super::command::Command;
 use super::tokenize::{document, logical_parts, path, paths_document};
 use crate::error::ProxyError;
-use crate::token::{Names, Policies, Policy};
+use crate::token::{Migration, Names, Policies, Policy};
 
 /// Tokenizes `cmd` in place with the dictionary of the database `scope`,
 /// under the policy of each collection it addresses.
@@ -94,7 +94,7 @@ fn tokenize_command(
     let t = Tok::new(policies, scope, collection_of(body), names);
     match name {
         "insert" => t.each(body, "documents", |t, d| {
-            *d = t.doc(d);
+            *d = t.stored(d);
             Ok(())
         })?,
         "update" => t.each(body, "updates", |t, u| t.write_op(u, "q", "u"))?,
@@ -109,7 +109,7 @@ fn tokenize_command(
             t.hint(body);
         }
         "findAndModify" | "findandmodify" => {
-            t.filter_at(body, "query")?;
+            t.update_filter_at(body, "query", "update")?;
             t.sort_at(body, "sort")?;
             t.projection_at(body, "fields")?;
             t.hint(body);
@@ -205,7 +205,7 @@ fn bulk_write(
         match kind.as_str() {
             "insert" => {
                 if let Ok(d) = op.get_document("document") {
-                    let d = t.doc(d);
+                    let d = t.stored(d);
                     op.insert("document", d);
                 }
             }
@@ -221,6 +221,52 @@ fn bulk_write(
         }
     }
     Ok(())
+}
+
+/// Whether an update is a partial one: update operators or a pipeline.
+fn is_partial(u: Option<&Bson>) -> bool {
+    match u {
+        Some(Bson::Array(_)) => true,
+        Some(Bson::Document(u)) => u.keys().next().is_some_and(|k| k.starts_with('$')),
+        _ => false,
+    }
+}
+
+/// While a collection migrates, the filters (matching both stored forms)
+/// of an `update`'s or `findAndModify`'s operator and pipeline updates: the
+/// session brings the documents they match to the stored form before the
+/// command runs, so that the update meets one form only. `cmd` is the
+/// command as the driver sent it.
+pub fn migration_filters(
+    cmd: &Command,
+    db: &str,
+    policies: &Policies,
+    names: &dyn Names,
+) -> Result<Vec<Document>, ProxyError> {
+    let t = Tok::new(policies, db, cmd.collection().unwrap_or_default(), names);
+    if t.migrating.is_none() {
+        return Ok(Vec::new());
+    }
+    let filter = |d: &Document, key: &str| {
+        t.checked_filter(&d.get_document(key).cloned().unwrap_or_default(), &[])
+    };
+    match cmd.name() {
+        "update" => cmd
+            .body
+            .get_array("updates")
+            .map(|ops| {
+                ops.iter()
+                    .filter_map(Bson::as_document)
+                    .filter(|op| is_partial(op.get("u")))
+                    .map(|op| filter(op, "q"))
+                    .collect()
+            })
+            .unwrap_or(Ok(Vec::new())),
+        "findAndModify" | "findandmodify" if is_partial(cmd.body.get("update")) => {
+            Ok(vec![filter(&cmd.body, "query")?])
+        }
+        _ => Ok(Vec::new()),
+    }
 }
 
 /// Commands that carry no field names (or none the proxy must rewrite).
@@ -314,8 +360,9 @@ pub(super) struct Tok<'a> {
     pub(super) db: &'a str,
     pub(super) policy: &'a Policy,
     pub(super) names: &'a dyn Names,
-    /// The collection is being migrated: its documents are in both forms.
-    pub(super) migrating: bool,
+    /// The collection is being migrated (its documents are in both forms),
+    /// and which way.
+    pub(super) migrating: Option<Migration>,
 }
 
 impl<'a> Tok<'a> {
@@ -325,7 +372,7 @@ impl<'a> Tok<'a> {
             db,
             policy: policies.get(db, coll),
             names,
-            migrating: policies.is_migrating(db, coll),
+            migrating: policies.migration(db, coll),
         }
     }
 
@@ -333,13 +380,23 @@ impl<'a> Tok<'a> {
     pub(super) fn for_collection(&self, coll: &str) -> Tok<'a> {
         Tok {
             policy: self.policies.get(self.db, coll),
-            migrating: self.policies.is_migrating(self.db, coll),
+            migrating: self.policies.migration(self.db, coll),
             ..*self
         }
     }
 
     fn doc(&self, d: &Document) -> Document {
         document(d, &mut Vec::new(), self.policy, self.names)
+    }
+
+    /// A document as it is stored: tokenized, or as written while
+    /// `laconic migrate --reverse` writes the collection back to full names.
+    fn stored(&self, d: &Document) -> Document {
+        if self.migrating == Some(Migration::Reverse) {
+            d.clone()
+        } else {
+            self.doc(d)
+        }
     }
 
     fn each(
@@ -402,13 +459,39 @@ impl<'a> Tok<'a> {
         self.paths_at(parent, "hint");
     }
 
+    /// The filter of an update. While the collection migrates, an operator
+    /// or pipeline update (of an `update` or `findAndModify`) meets its
+    /// documents in the stored form only (see `migration_filters`), so its
+    /// filter names that form alone, and an upsert seeds its new document
+    /// from the filter as it would without the proxy.
+    fn update_filter_at(
+        &self,
+        parent: &mut Document,
+        filter_key: &str,
+        update_key: &str,
+    ) -> Result<(), ProxyError> {
+        match self.migrating {
+            Some(way) if update_key != "updateMods" && is_partial(parent.get(update_key)) => {
+                if way == Migration::Reverse {
+                    return Ok(()); // stored with full names
+                }
+                Tok {
+                    migrating: None,
+                    ..*self
+                }
+                .filter_at(parent, filter_key)
+            }
+            _ => self.filter_at(parent, filter_key),
+        }
+    }
+
     fn write_op(
         &self,
         op: &mut Document,
         filter_key: &str,
         update_key: &str,
     ) -> Result<(), ProxyError> {
-        self.filter_at(op, filter_key)?;
+        self.update_filter_at(op, filter_key, update_key)?;
         self.update(op, update_key)?;
         self.array_filters(op);
         self.hint(op);
@@ -417,13 +500,16 @@ impl<'a> Tok<'a> {
 
     fn update(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
         // While a collection migrates, an operator or pipeline update could
-        // meet a document still in its old form and write beside it.
-        let partial = matches!(parent.get(key), Some(Bson::Array(_)))
-            || matches!(parent.get(key), Some(Bson::Document(u)) if u.keys().next().is_some_and(|k| k.starts_with('$')));
-        if self.migrating && partial {
+        // meet a document still in the other form and write beside it. The
+        // session brings the documents an `update` or `findAndModify` filter
+        // matches to the stored form first; a bulkWrite's are paused.
+        if self.migrating.is_some() && is_partial(parent.get(key)) && key == "updateMods" {
             return Err(ProxyError::Unsupported(
-                "an update of a collection that laconic migrate is rewriting: operator and pipeline updates are paused until it finishes (replacements, inserts and reads go on)".into(),
+                "a bulkWrite update of a collection that laconic migrate is rewriting: its operator and pipeline updates are paused until it finishes (update and findAndModify commands, inserts and reads go on)".into(),
             ));
+        }
+        if self.migrating == Some(Migration::Reverse) {
+            return Ok(()); // stored with full names
         }
         let new = match parent.get(key) {
             Some(Bson::Document(u)) if u.keys().next().is_some_and(|k| k.starts_with('$')) => {
@@ -848,5 +934,99 @@ mod tests {
             names_to_resolve(&agg, "app", &policy).names,
             vec!["country", "region", "total_count", "amount"]
         );
+    }
+
+    /// Policies tokenizing names of 6+ bytes in `app`, with `app.people`
+    /// in the given migration state, and a dictionary that knows the names.
+    fn migrating(state: crate::token::MigrationState) -> (Policies, crate::token::Dictionary) {
+        let policies = Policies::new(Policy::new(6, &[], "laconic"));
+        policies
+            .migrating
+            .replace([("app.people".to_owned(), state)].into_iter().collect());
+        let mut dict = crate::token::Dictionary::default();
+        dict.add_names(&["first_name".to_owned(), "last_name".to_owned()]);
+        (policies, dict)
+    }
+
+    #[test]
+    fn while_migrating_partial_updates_name_the_stored_form_only() {
+        use crate::token::MigrationState as State;
+        let (policies, dict) = migrating(State::Migrating(Migration::Forward));
+        let tok = |n: &str| {
+            crate::token::namespace::encode(crate::token::Names::token(&dict, n).unwrap())
+        };
+        let (first, last) = (tok("first_name"), tok("last_name"));
+        let update = cmd(doc! {
+            "update": "people", "$db": "app",
+            "updates": [
+                {"q": {"first_name": "x"}, "u": {"$set": {"last_name": 1}}, "upsert": true},
+                {"q": {"first_name": "y"}, "u": {"first_name": "z"}},
+            ],
+        });
+        // The documents the operator update will meet, in either form...
+        assert_eq!(
+            migration_filters(&update, "app", &policies, &dict).unwrap(),
+            vec![doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}]
+        );
+        // ...are brought to the stored form first, so its filter names
+        // that form alone; the replacement's filter matches both.
+        let mut rewritten = update.clone();
+        command(&mut rewritten, "app", &policies, &dict).unwrap();
+        let ops = rewritten.body.get_array("updates").unwrap();
+        assert_eq!(
+            ops[0].as_document().unwrap(),
+            &doc! {"q": {&first: "x"}, "u": {"$set": {&last: 1}}, "upsert": true}
+        );
+        assert_eq!(
+            ops[1].as_document().unwrap().get_document("q").unwrap(),
+            &doc! {"$or": [{&first: "y"}, {"first_name": "y"}]}
+        );
+        // A bulkWrite's operator updates wait for the end of the migration.
+        let mut bulk = cmd(doc! {
+            "bulkWrite": 1, "$db": "admin", "nsInfo": [{"ns": "app.people"}],
+            "ops": [{"update": 0, "filter": {}, "updateMods": {"$set": {"last_name": 1}}}],
+        });
+        assert!(matches!(
+            command(&mut bulk, "app", &policies, &dict),
+            Err(ProxyError::Unsupported(_))
+        ));
+        // Not migrating: nothing to bring over.
+        let other = cmd(doc! {"update": "other", "$db": "app",
+        "updates": [{"q": {"first_name": "x"}, "u": {"$set": {"last_name": 1}}}]});
+        assert!(migration_filters(&other, "app", &policies, &dict)
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn during_and_after_a_reverse_migration_writes_keep_full_names() {
+        use crate::token::MigrationState as State;
+        let write = cmd(doc! {
+            "update": "people", "$db": "app",
+            "updates": [{"q": {"first_name": "x"}, "u": {"$inc": {"last_name": 1}}}],
+        });
+        let insert = cmd(doc! {"insert": "people", "$db": "app",
+        "documents": [{"_id": 1, "first_name": "x"}]});
+        let (policies, dict) = migrating(State::Migrating(Migration::Reverse));
+        let first = crate::token::namespace::encode(
+            crate::token::Names::token(&dict, "first_name").unwrap(),
+        );
+        assert_eq!(
+            migration_filters(&write, "app", &policies, &dict).unwrap(),
+            vec![doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}]
+        );
+        for policies in [policies, migrating(State::Reversed).0] {
+            for c in [&write, &insert] {
+                let mut rewritten = c.clone();
+                command(&mut rewritten, "app", &policies, &dict).unwrap();
+                assert_eq!(rewritten.body, c.body);
+            }
+        }
+        let (reversed, _) = migrating(State::Reversed);
+        assert!(migration_filters(&write, "app", &reversed, &dict)
+            .unwrap()
+            .is_empty());
+        assert!(!reversed.get("app", "people").is_active());
+        assert!(reversed.get("app", "others").is_active());
     }
 }

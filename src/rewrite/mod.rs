@@ -18,7 +18,7 @@ pub mod tokenize;
 use bson::RawBsonRef;
 
 use crate::error::ProxyError;
-use crate::token::{Consistent, Tokens};
+use crate::token::{Consistent, Migration, Tokens};
 use crate::wire::{Compressor, Frame, Message, OpMsg};
 pub use command::Command;
 use shard_key::{ReplyNeeds, ShardKeys};
@@ -235,7 +235,15 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
     // they hold was allocated before the rewrite, so no lookup can change
     // its answer while it runs.
     if let (false, "insert", Some(t), Some(scope)) = (concerns, name, tokens, scope) {
-        let policy = t.policies.get(scope, collection.unwrap_or_default());
+        let coll = collection.unwrap_or_default();
+        if t.policies.migration(scope, coll) == Some(Migration::Reverse) {
+            // `laconic migrate --reverse` is writing it back to full names.
+            return Ok(Rewritten {
+                frame: None,
+                plan: ReplyPlan::Rewrite(rules),
+            });
+        }
+        let policy = t.policies.get(scope, coll);
         let msg = t
             .store
             .read(scope, |names| raw::insert(m, policy, names))

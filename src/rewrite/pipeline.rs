@@ -522,7 +522,7 @@ impl Tok<'_> {
                 }
                 _ => self.expr(v, &[], &Vars::default()),
             })?;
-        if !self.migrating || !parent.is_empty() {
+        if self.migrating.is_none() || !parent.is_empty() {
             return Ok(stored);
         }
         // A collection being migrated holds both forms: match either.

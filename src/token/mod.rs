@@ -5,7 +5,7 @@ pub mod namespace;
 pub mod policy;
 pub mod store;
 
-pub use policy::{Policies, Policy};
+pub use policy::{Migration, Policies, Policy, State as MigrationState};
 pub use store::{
     value_scope, Consistent, Dictionary, NameStore, Names, Recorder, RoundTrips, Snapshot,
     StoreError,

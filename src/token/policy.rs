@@ -116,10 +116,16 @@ impl Policies {
         self.rule(db).unwrap_or(&self.default)
     }
 
-    /// The policy of the collection `db.coll`.
+    /// The policy of the collection `db.coll`. A collection `laconic
+    /// migrate --reverse` has written back to full names is no longer
+    /// tokenized, whatever the configuration says, until it is migrated in
+    /// again.
     pub fn get(&self, db: &str, coll: &str) -> &Policy {
-        self.rule(&format!("{db}.{coll}"))
-            .unwrap_or_else(|| self.for_db(db))
+        let ns = format!("{db}.{coll}");
+        if self.migrating.state(&ns) == Some(State::Reversed) {
+            return &UNTOKENIZED;
+        }
+        self.rule(&ns).unwrap_or_else(|| self.for_db(db))
     }
 
     /// The policy of a full namespace `db.coll`.
@@ -145,10 +151,13 @@ impl Policies {
                 .any(|(ns, p)| ns.split_once('.').is_some_and(|(d, _)| d == db) && p.applies_to(db))
     }
 
-    /// Whether `laconic migrate` is rewriting `db.coll` now: its documents
-    /// are in both forms.
-    pub fn is_migrating(&self, db: &str, coll: &str) -> bool {
-        self.migrating.contains(&format!("{db}.{coll}"))
+    /// Whether `laconic migrate` is rewriting `db.coll` now (its documents
+    /// are in both forms), and which way.
+    pub fn migration(&self, db: &str, coll: &str) -> Option<Migration> {
+        match self.migrating.state(&format!("{db}.{coll}"))? {
+            State::Migrating(way) => Some(way),
+            State::Reversed => None,
+        }
     }
 
     /// Whether any policy tokenizes values (whose dictionary regular
@@ -159,22 +168,43 @@ impl Policies {
     }
 }
 
-/// The namespaces being migrated, as the store last said (a set shared by
-/// every clone of the policies; it is state, not configuration, so it takes
-/// no part in comparing policies).
+/// Which way `laconic migrate` rewrites a collection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Migration {
+    /// Into tokens: proxies store writes tokenized.
+    Forward,
+    /// Back to full names (`--reverse`): proxies store writes with full names.
+    Reverse,
+}
+
+/// What `<store_db>.migrations` says of a collection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// A migration is running (or was stopped before its end).
+    Migrating(Migration),
+    /// Written back to full names by a finished `--reverse`.
+    Reversed,
+}
+
+static UNTOKENIZED: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
+
+/// The collections migrations know of, as the store last said (a map
+/// shared by every clone of the policies; it is state, not configuration,
+/// so it takes no part in comparing policies).
 #[derive(Debug, Default)]
-pub struct Migrating(std::sync::RwLock<std::collections::HashSet<String>>);
+pub struct Migrating(std::sync::RwLock<std::collections::HashMap<String, State>>);
 
 impl Migrating {
-    pub fn contains(&self, ns: &str) -> bool {
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(ns)
+    pub fn state(&self, ns: &str) -> Option<State> {
+        let map = self.0.read().unwrap_or_else(|p| p.into_inner());
+        if map.is_empty() {
+            return None;
+        }
+        map.get(ns).copied()
     }
 
-    pub fn replace(&self, namespaces: std::collections::HashSet<String>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = namespaces;
+    pub fn replace(&self, states: std::collections::HashMap<String, State>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = states;
     }
 }
 
