@@ -54,6 +54,8 @@ struct Scope {
     tokens: FxHashMap<Arc<str>, u32>,
     /// The newest chain document read so far: (seq, leastvalue, len).
     newest: Option<(i64, u32, usize)>,
+    /// Read from the store at least once (an empty scope included).
+    read: bool,
 }
 
 impl Scope {
@@ -140,8 +142,8 @@ impl NameStore {
     /// Whether this proxy has read the scope's chain at least once.
     pub fn loaded(&self, scope: &str) -> bool {
         let s = self.scope(scope);
-        let loaded = s.read().unwrap_or_else(|p| p.into_inner()).newest.is_some();
-        loaded
+        let s = s.read().unwrap_or_else(|p| p.into_inner());
+        s.read || s.newest.is_some()
     }
 
     /// The token of `name`, from the cache only (never a round trip).
@@ -180,6 +182,7 @@ impl NameStore {
             let (seq, least, list) = parse(d)?;
             s.apply(seq, least, &list);
         }
+        s.read = true;
         Ok(RoundTrips(1))
     }
 
