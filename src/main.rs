@@ -38,6 +38,22 @@ enum Command {
     Analyze(Box<AnalyzeArgs>),
     /// Rewrite an existing collection into tokenized form, or back (--reverse).
     Migrate(Box<MigrateArgs>),
+    /// A live view of a running proxy, from its /metrics (rates per command,
+    /// bytes saved, name store, errors).
+    Top(TopArgs),
+}
+
+#[derive(Args)]
+struct TopArgs {
+    /// The proxy's metrics address (its --metrics-listen).
+    #[arg(long, default_value = "127.0.0.1:9216", env = "LACONIC_METRICS_LISTEN")]
+    metrics: String,
+    /// Seconds between two scrapes.
+    #[arg(long, default_value_t = 2.0)]
+    interval: f64,
+    /// Print the totals since the proxy started, once, and exit.
+    #[arg(long)]
+    once: bool,
 }
 
 #[derive(Args)]
@@ -256,6 +272,11 @@ fn main() -> anyhow::Result<()> {
         Command::Uuid(cmd) => uuid(cmd),
         Command::Analyze(args) => runtime.block_on(analyze(*args)),
         Command::Migrate(args) => runtime.block_on(migrate(*args)),
+        Command::Top(args) => runtime.block_on(laconic::observe::top::run(
+            &args.metrics,
+            std::time::Duration::from_secs_f64(args.interval.max(0.1)),
+            args.once,
+        )),
     }
 }
 

@@ -42,6 +42,9 @@ async fn metrics_count_the_workload_and_the_bytes_saved() {
     let mut config = common::proxy_config(&common::upstream().uri);
     config.tokenize.min_len = 6;
     config.tokenize.store_db = db_name("obs", "store");
+    // A value path no document has: its dictionary stays empty, and must
+    // not be read again for every command.
+    config.tokenize.value_paths = vec!["never_present".into()];
     config.metrics_listen = Some("127.0.0.1:0".into());
     let proxy = common::start(config).await;
     let addr = proxy.metrics_addr.expect("a metrics address");
@@ -86,6 +89,48 @@ async fn metrics_count_the_workload_and_the_bytes_saved() {
     assert!(value(&m, &format!("laconic_name_store_names{{scope=\"{db}\"}}")) >= 3.0);
     assert!(m.contains("laconic_request_duration_seconds_bucket{command=\"find\",le=\"+Inf\"}"));
     assert_eq!(get(addr, "/nope").await.0, 404);
+
+    // Known names cost no round trip to the name store.
+    let trips = value(&m, "laconic_name_store_round_trips_total");
+    for i in 0..5 {
+        c.find_one(doc! {"_id": i, "first_name": "Ada"})
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let m = get(addr, "/metrics").await.1;
+    assert_eq!(value(&m, "laconic_name_store_round_trips_total"), trips);
+
+    // `laconic top --once` reads the same counters.
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_laconic"))
+            .args(["top", "--once", "--metrics", &addr.to_string()])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let top = String::from_utf8_lossy(&out.stdout);
+    let find = top
+        .lines()
+        .find(|l| l.starts_with("find "))
+        .unwrap_or_else(|| panic!("no find row in\n{top}"));
+    assert!(
+        find.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            >= 6.0,
+        "{find}"
+    );
+    assert!(top.contains("% saved"), "{top}");
+    assert!(top.contains("CommandNotSupported"), "{top}");
 }
 
 /// A TCP relay to the upstream that can be stopped (its open connections
