@@ -297,13 +297,17 @@ impl Session {
         ) {
             return Ok(());
         }
-        let cmd = rewrite::Command::from_msg(m)?;
-        let (Some(db), Some(coll)) = (cmd.db(), cmd.collection()) else {
+        // Read from the raw body: only a migrating collection's updates are parsed.
+        let body = m.body();
+        let (Ok(db), Some(Ok((_, bson::RawBsonRef::String(coll))))) =
+            (body.get_str("$db"), body.iter().next())
+        else {
             return Ok(());
         };
         let Some(migration) = t.policies.migration(db, coll) else {
             return Ok(());
         };
+        let cmd = rewrite::Command::from_msg(m)?;
         let filters = t.store.read(db, |names| {
             rewrite::crud::migration_filters(&cmd, db, &t.policies, names)
         })?;
