@@ -301,3 +301,17 @@ pub async fn fresh(client: &Client, test: &str, side: &str) -> mongodb::Collecti
 pub async fn stored(db: &str, coll: &str) -> Vec<Document> {
     by_id(&direct().await.database(db).collection(coll), doc! {}).await
 }
+
+/// Runs a command of the `laconic` binary to its end (off the async
+/// workers), asserts that it succeeded, and returns its standard output.
+pub async fn run_ok(mut command: std::process::Command) -> String {
+    let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

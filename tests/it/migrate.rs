@@ -86,13 +86,7 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     let before: Vec<RawDocumentBuf> = raw_all(&direct.database(&app).collection("events")).await;
 
     // The dry run changes nothing and says what it would do.
-    let out = migrate_command(&["--dry-run"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let said = String::from_utf8_lossy(&out.stdout);
+    let said = common::run_ok(migrate_command(&["--dry-run"])).await;
     assert!(
         said.contains("would migrate") && said.contains("would rebuild index customer_name_1"),
         "{said}"
@@ -298,15 +292,7 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     );
     via.delete_one(doc! {"_id": new_id}).await.unwrap();
 
-    let out = tokio::task::spawn_blocking(|| migrate_command(&[]).output().unwrap())
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let said = String::from_utf8_lossy(&out.stdout);
+    let said = common::run_ok(migrate_command(&[])).await;
     assert!(said.contains("indexes rebuilt: customer_name_1"), "{said}");
 
     // Every document stored with tokens; queries on tokenized names find
@@ -327,14 +313,7 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     // And back out, while the application still inserts and updates
     // through the proxy: during and after `--reverse`, proxies store the
     // collection's writes with full names.
-    let out = tokio::task::spawn_blocking(|| migrate_command(&["--reverse"]).output().unwrap())
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_ok(migrate_command(&["--reverse"])).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (inserted, bumped) = writer.await.unwrap();

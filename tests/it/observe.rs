@@ -102,20 +102,9 @@ async fn metrics_count_the_workload_and_the_bytes_saved() {
     assert_eq!(value(&m, "laconic_name_store_round_trips_total"), trips);
 
     // `laconic top --once` reads the same counters.
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_laconic"))
-            .args(["top", "--once", "--metrics", &addr.to_string()])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let top = String::from_utf8_lossy(&out.stdout);
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
+    command.args(["top", "--once", "--metrics", &addr.to_string()]);
+    let top = common::run_ok(command).await;
     let find = top
         .lines()
         .find(|l| l.starts_with("find "))
