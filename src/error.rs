@@ -3,6 +3,7 @@
 
 use bson::{doc, RawDocumentBuf};
 
+use crate::token::StoreError;
 use crate::wire::{Frame, Message, MsgFlags, OpMsg, OpReply, WireError};
 
 /// Which side of the proxy an error came from.
@@ -34,15 +35,21 @@ pub enum ProxyError {
     /// A legacy OP_QUERY other than the `isMaster` handshake.
     #[error("Unsupported OP_QUERY command: {0}. The client driver may require an upgrade.")]
     UnsupportedOpQuery(String),
-    /// The name store could not allocate or read tokens; the write is not forwarded.
-    #[error("the name store failed: {0}")]
-    NameStore(String),
-    /// A reply holds tokens the name store does not know, even after a reload.
-    #[error("the reply holds tokens unknown to the name store of {scope}: {tokens:?}")]
-    UnknownTokens { scope: String, tokens: Vec<u32> },
+    /// The name store could not allocate or read tokens; the command is
+    /// not forwarded.
+    #[error(transparent)]
+    Store(#[from] crate::token::StoreError),
+    /// A dictionary that cannot be trusted (lost, rewound, edited, of
+    /// another format) or that lacks tokens a reply holds: the command is
+    /// refused rather than answered under wrong names.
+    #[error(transparent)]
+    Dictionary(#[from] crate::token::Integrity),
     /// A reply that expansion would make larger than a message may be.
     #[error("the reply would be {0} bytes with logical names, over the 48,000,000-byte message limit; use a smaller batchSize")]
     ReplyTooLarge(usize),
+    /// A client may not do this (write a dictionary's collections).
+    #[error("{0}")]
+    Unauthorized(String),
     /// A request the proxy cannot forward faithfully.
     #[error("{0}")]
     Unsupported(String),
@@ -60,9 +67,12 @@ impl ProxyError {
             ProxyError::Malformed { side, .. } => *side,
             ProxyError::DownstreamLost(_) => Side::Downstream,
             ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamLost(_) => Side::Upstream,
-            ProxyError::UnsupportedOpQuery(_) | ProxyError::Unsupported(_) => Side::Downstream,
-            ProxyError::NameStore(_) | ProxyError::Migration(_) => Side::Upstream,
-            ProxyError::UnknownTokens { .. } => Side::Internal,
+            ProxyError::UnsupportedOpQuery(_)
+            | ProxyError::Unsupported(_)
+            | ProxyError::Unauthorized(_) => Side::Downstream,
+            ProxyError::Store(_) | ProxyError::Dictionary(_) | ProxyError::Migration(_) => {
+                Side::Upstream
+            }
             ProxyError::ReplyTooLarge(_) => Side::Upstream,
             ProxyError::Internal(_) => Side::Internal,
         }
@@ -78,9 +88,14 @@ impl ProxyError {
             ProxyError::UpstreamLost(_) => (6, "HostUnreachable"),
             ProxyError::UnsupportedOpQuery(_) => (352, "UnsupportedOpQueryCommand"),
             ProxyError::Unsupported(_) => (115, "CommandNotSupported"),
+            ProxyError::Unauthorized(_) => (13, "Unauthorized"),
             ProxyError::Migration(_) => (112, "WriteConflict"),
-            ProxyError::NameStore(_) => (6, "HostUnreachable"),
-            ProxyError::UnknownTokens { .. } => (1, "InternalError"),
+            ProxyError::Store(StoreError::Unreachable(_)) => (6, "HostUnreachable"),
+            ProxyError::Store(StoreError::Refused { code, .. }) => (*code, code_name(*code)),
+            ProxyError::Store(StoreError::Integrity(_)) | ProxyError::Dictionary(_) => {
+                (301, "DataCorruptionDetected")
+            }
+            ProxyError::Store(StoreError::Exhausted(_)) => (1, "InternalError"),
             ProxyError::ReplyTooLarge(_) => (10334, "BSONObjectTooLarge"),
             ProxyError::Internal(_) => (1, "InternalError"),
         }
@@ -92,11 +107,31 @@ impl ProxyError {
             self,
             ProxyError::UnsupportedOpQuery(_)
                 | ProxyError::Unsupported(_)
+                | ProxyError::Unauthorized(_)
                 | ProxyError::Migration(_)
-                | ProxyError::NameStore(_)
-                | ProxyError::UnknownTokens { .. }
+                | ProxyError::Store(_)
+                | ProxyError::Dictionary(_)
                 | ProxyError::ReplyTooLarge(_)
         )
+    }
+}
+
+/// The name of a server error code the name store may pass on.
+fn code_name(code: i32) -> &'static str {
+    match code {
+        2 => "BadValue",
+        11 => "UserNotFound",
+        13 => "Unauthorized",
+        18 => "AuthenticationFailed",
+        50 => "MaxTimeMSExpired",
+        91 => "ShutdownInProgress",
+        112 => "WriteConflict",
+        189 => "PrimarySteppedDown",
+        10107 => "NotWritablePrimary",
+        11000 => "DuplicateKey",
+        11600 => "InterruptedAtShutdown",
+        13436 => "NotPrimaryOrSecondary",
+        _ => "UnknownError",
     }
 }
 

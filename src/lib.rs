@@ -31,5 +31,6 @@ pub mod observe;
 pub mod rewrite;
 pub mod shutdown;
 pub mod token;
+pub mod tools;
 pub mod upstream;
 pub mod wire;

@@ -41,6 +41,62 @@ enum Command {
     /// A live view of a running proxy, from its /metrics (rates per command,
     /// bytes saved, name store, errors).
     Top(TopArgs),
+    /// A database's dictionary: verify, export, import, stats, init.
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+#[derive(Args)]
+struct StoreTarget {
+    /// The deployment (the upstream, not the proxy), as a mongodb:// URI.
+    #[arg(long, env = "LACONIC_UPSTREAM")]
+    uri: String,
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Check a dictionary, then every document of DB (or DB.COLL) against
+    /// it; exits non-zero if a document holds tokens it does not know.
+    Verify {
+        #[command(flatten)]
+        target: StoreTarget,
+        /// DB or DB.COLL
+        namespace: String,
+    },
+    /// Write DB's dictionary to FILE (Extended JSON), or to stdout.
+    Export {
+        #[command(flatten)]
+        target: StoreTarget,
+        db: String,
+        file: Option<PathBuf>,
+    },
+    /// Put an exported dictionary back into DB: only onto an empty store or
+    /// an older state of the same dictionary.
+    Import {
+        #[command(flatten)]
+        target: StoreTarget,
+        db: String,
+        file: PathBuf,
+    },
+    /// Names, values, chain documents and mark of DB's dictionary.
+    Stats {
+        #[command(flatten)]
+        target: StoreTarget,
+        db: String,
+    },
+    /// Give DB a dictionary although it holds documents (they predate
+    /// Laconic); refused if any of them holds keys that read as tokens.
+    Init {
+        #[command(flatten)]
+        target: StoreTarget,
+        db: String,
+        /// Names per chain document.
+        #[arg(long, default_value_t = 1000)]
+        cap: usize,
+        /// Adopt even documents whose keys read as tokens.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Args)]
@@ -272,12 +328,79 @@ fn main() -> anyhow::Result<()> {
         Command::Uuid(cmd) => uuid(cmd),
         Command::Analyze(args) => runtime.block_on(analyze(*args)),
         Command::Migrate(args) => runtime.block_on(migrate(*args)),
+        Command::Store(cmd) => runtime.block_on(store(cmd)),
         Command::Top(args) => runtime.block_on(laconic::observe::top::run(
             &args.metrics,
             std::time::Duration::from_secs_f64(args.interval.max(0.1)),
             args.once,
         )),
     }
+}
+
+async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
+    use laconic::tools::store as tool;
+    let client = |t: &StoreTarget| mongodb::Client::with_uri_str(t.uri.clone());
+    match cmd {
+        StoreCommand::Verify { target, namespace } => {
+            let (db, coll) = match namespace.split_once('.') {
+                Some((d, c)) => (d.to_owned(), Some(c.to_owned())),
+                None => (namespace.clone(), None),
+            };
+            let v = tool::verify(&client(&target).await?, &db, coll.as_deref()).await?;
+            println!(
+                "{namespace}: {} documents in {} collections, {:.0} documents/s; {} hold tokens the dictionary does not know ({} unknown tokens, {} keys that begin like a token, {} unknown values)",
+                v.documents,
+                v.collections,
+                v.documents as f64 / v.seconds.max(1e-9),
+                v.bad_documents,
+                v.unknown_tokens,
+                v.malformed_keys,
+                v.unknown_values
+            );
+            for e in &v.examples {
+                println!("  {e}");
+            }
+            if !v.ok() {
+                bail!(
+                    "{} documents of {namespace} cannot be read with its dictionary",
+                    v.bad_documents
+                );
+            }
+        }
+        StoreCommand::Export { target, db, file } => {
+            let d = tool::export(&client(&target).await?, &db).await?;
+            let text =
+                serde_json::to_string_pretty(&bson::Bson::Document(d).into_canonical_extjson())?;
+            match file {
+                Some(f) => std::fs::write(&f, text + "\n")
+                    .with_context(|| format!("writing {}", f.display()))?,
+                None => println!("{text}"),
+            }
+        }
+        StoreCommand::Import { target, db, file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let json: serde_json::Value = serde_json::from_str(&text)?;
+            let bson::Bson::Document(d) = bson::Bson::try_from(json)? else {
+                bail!("{} is not a dictionary export", file.display());
+            };
+            let n = tool::import(&client(&target).await?, &db, &d).await?;
+            println!("imported the dictionary of {db}: {n} chain documents");
+        }
+        StoreCommand::Stats { target, db } => {
+            print!("{}", tool::stats(&client(&target).await?, &db).await?);
+        }
+        StoreCommand::Init {
+            target,
+            db,
+            cap,
+            force,
+        } => {
+            tool::init(&client(&target).await?, &db, cap, force).await?;
+            println!("{db} has a dictionary now");
+        }
+    }
+    Ok(())
 }
 
 async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {

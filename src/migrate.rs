@@ -18,7 +18,7 @@
 //!   is not among the fields read). If a writer changed a field, the
 //!   document is read again and redone.
 //! - **Resumable.** After every batch the last `_id` done is stored upstream
-//!   in `<store_db>.migrations`; a restart (after a crash, a kill or Ctrl-C)
+//!   in the database's `__laconic` collection; a restart (after a crash, a kill or Ctrl-C)
 //!   goes on from there.
 //! - **Indexes** whose key patterns name tokenized fields are rebuilt on the
 //!   new form at the end, with their names kept (drop, then create).
@@ -75,11 +75,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     let db = client.database(&opts.db);
     let coll: Collection<RawDocumentBuf> = db.collection(&opts.collection);
     let t = &opts.tokenize;
-    let store = NameStore::new(
-        client.database(&t.store_db).collection(&t.store_collection),
-        t.cap,
-    );
     let policies = t.policies();
+    let store = NameStore::new(client.clone(), t.cap, policies.clone());
     let policy = policies.get(&opts.db, &opts.collection).clone();
     if !opts.reverse && !policy.is_active() {
         anyhow::bail!(
@@ -88,8 +85,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
             opts.collection
         );
     }
-    let state_coll: Collection<Document> = client.database(&t.store_db).collection("migrations");
-    let state_id = format!("{}.{}", opts.db, opts.collection);
+    let state_coll: Collection<Document> = client
+        .database(&opts.db)
+        .collection(crate::token::dictionary::COLLECTION);
+    let state_id = format!("migration/{}", opts.collection);
+    let label = format!("{}.{}", opts.db, opts.collection);
     let state = state_coll.find_one(doc! {"_id": &state_id}).await?;
     let mut last: Bson = Bson::MinKey;
     if let Some(s) = &state {
@@ -97,7 +97,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         let done = s.get_bool("done").unwrap_or(false);
         if !done && dir != direction(opts.reverse) {
             anyhow::bail!(
-                "a {dir} migration of {state_id} is unfinished: run it to the end before going the other way"
+                "a {dir} migration of {label} is unfinished: run it to the end before going the other way"
             );
         }
         if !done {
@@ -107,7 +107,12 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     let (size_before, storage_before) = coll_stats(&db, &opts.collection).await;
     let total = coll.estimated_document_count().await.unwrap_or(0);
     store.refresh(&opts.db).await?;
-    store.refresh(&crate::token::value_scope(&opts.db)).await?;
+    if !store.exists(&opts.db) && !opts.reverse && !opts.dry_run {
+        // Migrating adopts the collection's documents: the database gets
+        // its dictionary now, whatever it holds.
+        store.init(&opts.db, "adopted").await?;
+    }
+    store.dictionary(&opts.db)?;
     let index_plan = index_plan(
         &db,
         &opts.collection,
@@ -115,12 +120,13 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         &opts.db,
         &policy,
         opts.reverse,
+        opts.dry_run,
     )
     .await?;
 
     if opts.dry_run {
         println!(
-            "would migrate {state_id} {} ({total} documents, {size_before} B of data){}",
+            "would migrate {label} {} ({total} documents, {size_before} B of data){}",
             if opts.reverse {
                 "back to full names"
             } else {
@@ -377,14 +383,17 @@ async fn rewrite_batch(
     // Logical forms first (with the cache as it is, refreshed if it lacks a token).
     let mut logical = Vec::with_capacity(docs.len());
     for d in docs {
-        let l = match store.read(db, |names| normalize(d, names)) {
+        let l = match normalize(d, &*store.dictionary(db)?) {
             Ok(l) => l,
             Err(_) => {
                 store.refresh(db).await?;
-                store.refresh(&crate::token::value_scope(db)).await?;
-                store
-                    .read(db, |names| normalize(d, names))
-                    .map_err(|u| anyhow::anyhow!("tokens {u:?} are not in the name store"))?
+                normalize(d, &*store.dictionary(db)?).map_err(|u| {
+                    anyhow::anyhow!(
+                        "document {:?} holds {} keys that read as tokens its dictionary does not know (keys of documents stored before Laconic that begin with a control byte: rename them first, see the README)",
+                        d.get("_id").ok().flatten(),
+                        u.count()
+                    )
+                })?
             }
         };
         logical.push(l);
@@ -396,15 +405,9 @@ async fn rewrite_batch(
             tokenize::collect_names(l, policy, &mut names);
             tokenize::collect_values(l, policy, &mut values);
         }
-        for (scope, list) in [
-            (db.to_owned(), names),
-            (crate::token::value_scope(db), values),
-        ] {
-            if !list.is_empty() {
-                let refs: Vec<&str> = list.iter().map(String::as_str).collect();
-                store.tokens(&scope, &refs).await?;
-            }
-        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        store.allocate(db, &names, &values).await?;
     }
     let mut updates = Vec::new();
     let mut ids = Vec::new();
@@ -414,9 +417,12 @@ async fn rewrite_batch(
         } else {
             let raw_logical = RawDocumentBuf::from_document(l)?;
             let mut out = Vec::with_capacity(raw_logical.as_bytes().len());
-            store.read(db, |names| {
-                raw::tokenize(raw_logical.as_bytes(), policy, names, &mut out)
-            })?;
+            raw::tokenize(
+                raw_logical.as_bytes(),
+                policy,
+                &*store.dictionary(db)?,
+                &mut out,
+            )?;
             out
         };
         if target == d.as_bytes() {
@@ -473,7 +479,7 @@ fn merge(
     let mut out = Document::new();
     let mut from_token: Vec<String> = Vec::new();
     for (k, v) in stored {
-        let is_token = crate::token::namespace::is_reserved(k);
+        let is_token = crate::token::namespace::is_reserved(k) && !k.starts_with('\u{1f}');
         let key = expand::key(k, names, &mut unknown.names).into_owned();
         let value = match v {
             Bson::Document(sub) => Bson::Document(merge(sub, names, unknown)?),
@@ -507,6 +513,7 @@ async fn index_plan(
     scope: &str,
     policy: &Policy,
     reverse: bool,
+    dry_run: bool,
 ) -> anyhow::Result<Vec<(String, Document)>> {
     let specs: Vec<Document> = match db.run_cursor_command(doc! {"listIndexes": coll}).await {
         Ok(c) => c.try_collect().await?,
@@ -520,25 +527,27 @@ async fn index_plan(
         if name == "_id_" {
             continue;
         }
+        let logical =
+            expand::document(key, &*store.dictionary(scope)?).unwrap_or_else(|_| key.clone());
         let new = if reverse {
-            store
-                .read(scope, |names| expand::document(key, names))
-                .unwrap_or_else(|_| key.clone())
+            logical
         } else {
-            let logical = store
-                .read(scope, |names| expand::document(key, names))
-                .unwrap_or_else(|_| key.clone());
             let mut wanted = Vec::new();
             for p in logical.keys() {
                 for c in tokenize::logical_parts(p) {
                     wanted.push(c.to_owned());
                 }
             }
-            let refs: Vec<&str> = wanted.iter().map(String::as_str).collect();
-            store.tokens(scope, &refs).await?;
-            store.read(scope, |names| {
-                tokenize::paths_document(&logical, &[], policy, names)
-            })
+            if dry_run {
+                // What the tokens would be, without giving any out.
+                let mut d = (*store.dictionary(scope)?).clone();
+                d.add_names(&wanted);
+                tokenize::paths_document(&logical, &[], policy, &d)
+            } else {
+                let refs: Vec<&str> = wanted.iter().map(String::as_str).collect();
+                store.allocate(scope, &refs, &[]).await?;
+                tokenize::paths_document(&logical, &[], policy, &*store.dictionary(scope)?)
+            }
         };
         if &new != key {
             plan.push((name.to_owned(), new));

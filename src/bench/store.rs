@@ -18,10 +18,10 @@ pub struct StoreArgs {
 
 pub async fn run(args: &StoreArgs) -> anyhow::Result<()> {
     let client = mongodb::Client::with_uri_str(&args.upstream).await?;
-    let db = client.database("laconic_bench_store");
+    let scope = "laconic_bench_store";
+    let db = client.database(scope);
     db.drop().await?;
-    let store = NameStore::new(db.collection("name_store"), args.cap);
-    let scope = "bench";
+    let store = NameStore::new(client.clone(), args.cap, Default::default());
     let names = |prefix: &str, n: usize| -> Vec<String> {
         (0..n)
             .map(|i| format!("{prefix} attribute {i:04}"))
@@ -35,32 +35,32 @@ pub async fn run(args: &StoreArgs) -> anyhow::Result<()> {
     let first = names("first", 10);
     let refs: Vec<&str> = first.iter().map(String::as_str).collect();
     let t = Instant::now();
-    let (_, trips) = store.tokens(scope, &refs).await?;
+    let trips = store.allocate(scope, &refs, &[]).await?;
     measure("10 new names, empty store", trips.0, t.elapsed());
 
     let t = Instant::now();
-    let (_, trips) = store.tokens(scope, &refs).await?;
+    let trips = store.allocate(scope, &refs, &[]).await?;
     measure("10 known names (hot cache)", trips.0, t.elapsed());
 
     let t = Instant::now();
-    let (_, trips) = store.tokens(scope, &["one more name"]).await?;
+    let trips = store.allocate(scope, &["one more name"], &[]).await?;
     measure("1 new name (cold)", trips.0, t.elapsed());
 
     let batch = names("batch", 100);
     let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
     let t = Instant::now();
-    let (_, trips) = store.tokens(scope, &refs).await?;
+    let trips = store.allocate(scope, &refs, &[]).await?;
     measure("100 new names in one command", trips.0, t.elapsed());
 
     // Fill the current document to its cap, then cross into the next one.
     let held = 111;
     let fill = names("fill", args.cap.saturating_sub(held + 50));
     let refs: Vec<&str> = fill.iter().map(String::as_str).collect();
-    store.tokens(scope, &refs).await?;
+    store.allocate(scope, &refs, &[]).await?;
     let crossing = names("crossing", 100);
     let refs: Vec<&str> = crossing.iter().map(String::as_str).collect();
     let t = Instant::now();
-    let (_, trips) = store.tokens(scope, &refs).await?;
+    let trips = store.allocate(scope, &refs, &[]).await?;
     measure(
         "100 new names across a document boundary",
         trips.0,
@@ -68,7 +68,7 @@ pub async fn run(args: &StoreArgs) -> anyhow::Result<()> {
     );
 
     // A second proxy's view: one read loads the whole chain.
-    let other = NameStore::new(db.collection("name_store"), args.cap);
+    let other = NameStore::new(client.clone(), args.cap, Default::default());
     let t = Instant::now();
     let trips = other.refresh(scope).await?;
     measure("a fresh proxy loads the chain", trips.0, t.elapsed());

@@ -118,50 +118,9 @@ async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
             format!("name store client: {e}"),
         )
     })?;
-    let coll = client.database(&t.store_db).collection(&t.store_collection);
-    watch_migrations(
-        client.database(&t.store_db).collection("migrations"),
-        policies.migrating.clone(),
-    );
-    Ok(Some(Tokens {
-        policies,
-        store: NameStore::new(coll, t.cap),
-    }))
-}
-
-/// Keeps what the proxies know of migrations (`laconic migrate` marks the
-/// collections in the store's database) up to date, once a second: the
-/// collections being migrated, and those written back to full names.
-fn watch_migrations(
-    coll: mongodb::Collection<bson::Document>,
-    migrating: Arc<crate::token::policy::Migrating>,
-) {
-    tokio::spawn(async move {
-        loop {
-            let running_or_reversed =
-                bson::doc! {"$or": [{"done": false}, {"direction": "reverse"}]};
-            if let Ok(cursor) = coll.find(running_or_reversed).await {
-                use crate::token::{Migration, MigrationState as State};
-                use futures::TryStreamExt;
-                if let Ok(docs) = cursor.try_collect::<Vec<bson::Document>>().await {
-                    migrating.replace(
-                        docs.iter()
-                            .filter_map(|d| {
-                                let reverse = d.get_str("direction") == Ok("reverse");
-                                let state = match (d.get_bool("done").unwrap_or(false), reverse) {
-                                    (true, _) => State::Reversed,
-                                    (false, true) => State::Migrating(Migration::Reverse),
-                                    (false, false) => State::Migrating(Migration::Forward),
-                                };
-                                Some((d.get_str("_id").ok()?.to_owned(), state))
-                            })
-                            .collect(),
-                    );
-                }
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
+    let store = NameStore::new(client, t.cap, policies.clone())
+        .with_legacy(&t.store_db, &t.store_collection);
+    Ok(Some(Tokens { policies, store }))
 }
 
 /// A bound, not yet running proxy.
@@ -230,6 +189,15 @@ impl Proxy {
                 self.ctx.clone(),
                 self.shutdown.clone(),
             ));
+        }
+        if let Some(t) = &self.ctx.rewrite.tokens {
+            // Dictionaries are read again every second: a dropped, replaced,
+            // rewound or edited one is noticed, and a failed one recovers.
+            self.shutdown.tracker().spawn(
+                t.store
+                    .clone()
+                    .watch(Duration::from_secs(1), self.shutdown.clone()),
+            );
         }
         let limit = Arc::new(Semaphore::new(self.ctx.config.max_connections));
         let mut backoff = Duration::from_millis(5);

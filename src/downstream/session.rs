@@ -27,6 +27,7 @@ use crate::error::{error_reply, ProxyError, Side};
 use crate::observe::{Leg, Way};
 use crate::rewrite::{self, LegState};
 use crate::shutdown::Shutdown;
+use crate::token::Names;
 use crate::upstream::{self, UpstreamConn};
 use crate::wire::{self, may_compress, CodecError, Compressor, Frame, Message, MessageCodec};
 
@@ -107,7 +108,16 @@ impl Session {
         let mut first = true;
         while let Some(frame) = self.read_request(first).await? {
             first = false;
-            self.handle(frame).await?;
+            if let Err(e) = self.handle(frame).await {
+                if e.side() == Side::Upstream && e.code().0 == 6 {
+                    // A server that comes back may be another one (restored
+                    // or wiped): dictionaries are read again before use.
+                    if let Some(t) = &self.ctx.rewrite.tokens {
+                        t.store.suspect_all();
+                    }
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -275,6 +285,7 @@ impl Session {
         &mut self,
         request: &Request,
     ) -> Result<(Frame, rewrite::ReplyPlan), ProxyError> {
+        rewrite::admit(&request.frame, &self.ctx.rewrite)?;
         self.prepare_tokens(request).await?;
         let rewritten = rewrite::request(&request.frame, &self.ctx.rewrite, &self.legs)?;
         let outbound = rewritten.frame.unwrap_or_else(|| request.frame.clone());
@@ -308,9 +319,8 @@ impl Session {
             return Ok(());
         };
         let cmd = rewrite::Command::from_msg(m)?;
-        let filters = t.store.read(db, |names| {
-            rewrite::crud::migration_filters(&cmd, db, &t.policies, names)
-        })?;
+        let names = t.store.dictionary(db)?;
+        let filters = rewrite::crud::migration_filters(&cmd, db, &t.policies, &*names)?;
         let target = crate::migrate::Target {
             coll: &self.ctx.own.database(db).collection(coll),
             store: &t.store,
@@ -367,41 +377,26 @@ impl Session {
         };
         let db = db.as_str();
         let cmd = rewrite::Command::from_msg(m)?;
-        let store_error = |e: crate::token::StoreError| ProxyError::NameStore(e.to_string());
-        let values_scope = crate::token::value_scope(db);
+        let mut trips = t.store.ensure_loaded(db).await?.0;
+        // A database whose dictionary cannot be trusted is refused whole.
+        t.store.dictionary(db)?;
         let allocate = rewrite::crud::names_to_allocate(&cmd, db, &t.policies);
-        let mut trips = 0;
-        for (scope, list) in [
-            (db, &allocate.names),
-            (values_scope.as_str(), &allocate.values),
-        ] {
-            if !list.is_empty() {
-                let refs: Vec<&str> = list.iter().map(String::as_str).collect();
-                trips += t
-                    .store
-                    .tokens(scope, &refs)
-                    .await
-                    .map_err(store_error)?
-                    .1
-                     .0;
-            }
+        if !allocate.names.is_empty() || !allocate.values.is_empty() {
+            let names: Vec<&str> = allocate.names.iter().map(String::as_str).collect();
+            let values: Vec<&str> = allocate.values.iter().map(String::as_str).collect();
+            trips += t.store.allocate(db, &names, &values).await?.0;
         }
+        // Names another proxy may have given tokens since this one last read
+        // the dictionary; values matched by a regular expression need the
+        // whole value dictionary, so it is read again whatever the command names.
         let resolve = rewrite::crud::names_to_resolve(&cmd, db, &t.policies);
-        for (scope, list) in [
-            (db, &resolve.names),
-            (values_scope.as_str(), &resolve.values),
-        ] {
-            // Values matched by a regular expression need the whole value
-            // dictionary, so it is read once whatever the command names.
-            let needed = scope == db || t.policies.has_value_paths();
-            if needed
-                && (!t.store.loaded(scope)
-                    || list
-                        .iter()
-                        .any(|n| t.store.cached_token(scope, n).is_none()))
-            {
-                trips += t.store.refresh(scope).await.map_err(store_error)?.0;
-            }
+        let dict = t.store.dictionary(db)?;
+        let stale = resolve.names.iter().any(|n| dict.token(n).is_none())
+            || (t.policies.has_value_paths()
+                && resolve.values.iter().any(|v| dict.value_token(v).is_none()));
+        if stale {
+            trips += t.store.refresh(db).await?.0;
+            t.store.dictionary(db)?;
         }
         self.ctx.metrics.store_lookup(trips == 0);
         self.ctx.metrics.store_round_trips(trips);
@@ -484,13 +479,13 @@ impl Session {
         plan: &rewrite::ReplyPlan,
     ) -> Result<rewrite::Replied, ProxyError> {
         match rewrite::reply(reply.clone(), plan, &mut self.legs, &self.ctx.rewrite) {
-            Err(ProxyError::UnknownTokens { scope, .. }) => {
+            Err(ProxyError::Dictionary(crate::token::Integrity::UnknownTokens {
+                scope, ..
+            })) => {
                 if let Some(t) = &self.ctx.rewrite.tokens {
-                    for s in [scope.clone(), crate::token::value_scope(&scope)] {
-                        t.store
-                            .refresh(&s)
-                            .await
-                            .map_err(|e| ProxyError::NameStore(e.to_string()))?;
+                    t.store.refresh(&scope).await?;
+                    if !t.store.exists(&scope) && t.store.has_documents(&scope).await? {
+                        return Err(crate::token::Integrity::Missing { scope }.into());
                     }
                 }
                 rewrite::reply(reply, plan, &mut self.legs, &self.ctx.rewrite)

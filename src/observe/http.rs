@@ -97,7 +97,13 @@ fn store_sizes(ctx: &ProxyContext) -> Vec<(String, usize)> {
     ctx.rewrite
         .tokens
         .as_ref()
-        .map(|t| t.store.cached_sizes())
+        .map(|t| {
+            t.store
+                .statuses()
+                .into_iter()
+                .map(|s| (s.scope, s.names))
+                .collect()
+        })
         .unwrap_or_default()
 }
 

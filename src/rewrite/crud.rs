@@ -953,7 +953,10 @@ mod tests {
         use crate::token::MigrationState as State;
         let (policies, dict) = migrating(State::Migrating(Migration::Forward));
         let tok = |n: &str| {
-            crate::token::namespace::encode(crate::token::Names::token(&dict, n).unwrap())
+            crate::token::Names::token(&dict, n)
+                .unwrap()
+                .as_str()
+                .to_owned()
         };
         let (first, last) = (tok("first_name"), tok("last_name"));
         let update = cmd(doc! {
@@ -1008,9 +1011,10 @@ mod tests {
         let insert = cmd(doc! {"insert": "people", "$db": "app",
         "documents": [{"_id": 1, "first_name": "x"}]});
         let (policies, dict) = migrating(State::Migrating(Migration::Reverse));
-        let first = crate::token::namespace::encode(
-            crate::token::Names::token(&dict, "first_name").unwrap(),
-        );
+        let first = crate::token::Names::token(&dict, "first_name")
+            .unwrap()
+            .as_str()
+            .to_owned();
         assert_eq!(
             migration_filters(&write, "app", &policies, &dict).unwrap(),
             vec![doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}]

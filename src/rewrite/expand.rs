@@ -13,14 +13,28 @@ use bson::{Bson, Document};
 
 use bson::spec::BinarySubtype;
 
-use crate::token::namespace::{decode, is_reserved, value_number, Stored, ESCAPE, VALUE_SUBTYPE};
+use crate::token::namespace::{
+    any_part_reserved, decode, starts_token, token_len, value_number, Stored, Token, ESCAPE,
+    VALUE_SUBTYPE,
+};
 use crate::token::Names;
 
 /// Tokens the cache does not know yet: refresh the store, then expand again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Unknown {
-    pub names: Vec<u32>,
+    /// Stored keys that read as tokens the dictionary lacks (or spell none).
+    pub names: Vec<String>,
     pub values: Vec<u32>,
+}
+
+impl Unknown {
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty() && self.values.is_empty()
+    }
+
+    pub fn count(&self) -> usize {
+        self.names.len() + self.values.len()
+    }
 }
 
 /// Whether any key of the document needs expanding (a cheap first pass).
@@ -29,7 +43,7 @@ pub fn needed(doc: &Document) -> bool {
 }
 
 fn key_needed(k: &str) -> bool {
-    is_reserved(k) || (k.contains('.') && k.split('.').any(is_reserved))
+    any_part_reserved(k.as_bytes())
 }
 
 fn value_needed(v: &Bson) -> bool {
@@ -42,14 +56,14 @@ fn value_needed(v: &Bson) -> bool {
 }
 
 /// The logical form of a stored key.
-pub fn key<'k>(k: &'k str, names: &'k dyn Names, unknown: &mut Vec<u32>) -> Cow<'k, str> {
+pub fn key<'k>(k: &'k str, names: &'k dyn Names, unknown: &mut Vec<String>) -> Cow<'k, str> {
     if k.as_bytes().first() == Some(&ESCAPE) {
         return Cow::Borrowed(&k[1..]);
     }
     if !k.contains('.') {
         return component(k, names, unknown);
     }
-    if !k.split('.').any(is_reserved) {
+    if !any_part_reserved(k.as_bytes()) {
         return Cow::Borrowed(k);
     }
     Cow::Owned(
@@ -60,17 +74,20 @@ pub fn key<'k>(k: &'k str, names: &'k dyn Names, unknown: &mut Vec<u32>) -> Cow<
     )
 }
 
-fn component<'k>(c: &'k str, names: &'k dyn Names, unknown: &mut Vec<u32>) -> Cow<'k, str> {
+fn component<'k>(c: &'k str, names: &'k dyn Names, unknown: &mut Vec<String>) -> Cow<'k, str> {
     match decode(c) {
-        Some(Stored::Token(n)) => match names.name(n) {
+        Stored::Token(t) => match names.name(t.as_bytes()) {
             Some(name) => Cow::Borrowed(name),
             None => {
-                unknown.push(n);
+                unknown.push(c.to_owned());
                 Cow::Borrowed(c)
             }
         },
-        Some(Stored::User(u)) => Cow::Borrowed(u),
-        None => Cow::Borrowed(c),
+        Stored::User(u) => Cow::Borrowed(u),
+        Stored::Malformed => {
+            unknown.push(c.to_owned());
+            Cow::Borrowed(c)
+        }
     }
 }
 
@@ -78,13 +95,13 @@ fn component<'k>(c: &'k str, names: &'k dyn Names, unknown: &mut Vec<u32>) -> Co
 pub fn document(doc: &Document, names: &dyn Names) -> Result<Document, Unknown> {
     let mut unknown = Unknown::default();
     let out = expand_doc(doc, names, &mut unknown);
-    if unknown.names.is_empty() && unknown.values.is_empty() {
+    if unknown.is_empty() {
         Ok(out)
     } else {
-        for l in [&mut unknown.names, &mut unknown.values] {
-            l.sort_unstable();
-            l.dedup();
-        }
+        unknown.names.sort_unstable();
+        unknown.names.dedup();
+        unknown.values.sort_unstable();
+        unknown.values.dedup();
         Err(unknown)
     }
 }
@@ -163,8 +180,8 @@ impl Strings {
 }
 
 /// A string value that spells a path, with its tokens expanded.
-pub(super) fn path_string(s: &str, names: &dyn Names, unknown: &mut Vec<u32>) -> Option<String> {
-    if !s.bytes().any(starts_token) {
+pub(super) fn path_string(s: &str, names: &dyn Names, unknown: &mut Vec<String>) -> Option<String> {
+    if !s.bytes().any(|b| starts_token(b) || b == ESCAPE) {
         return None;
     }
     let (prefix, rest) = if let Some(var) = s.strip_prefix("$$") {
@@ -198,66 +215,51 @@ pub fn raw_document_with(
     if super::raw::expand(doc.as_bytes(), names, strings, &mut unknown, &mut out).is_err() {
         return Ok(doc.to_owned());
     }
-    if !unknown.names.is_empty() || !unknown.values.is_empty() {
-        for l in [&mut unknown.names, &mut unknown.values] {
-            l.sort_unstable();
-            l.dedup();
-        }
+    if !unknown.is_empty() {
+        unknown.names.sort_unstable();
+        unknown.names.dedup();
+        unknown.values.sort_unstable();
+        unknown.values.dedup();
         return Err(unknown);
     }
     Ok(RawDocumentBuf::from_bytes(out).unwrap_or_else(|_| doc.to_owned()))
 }
 
-fn starts_token(b: u8) -> bool {
-    b == ESCAPE || is_reserved(std::str::from_utf8(&[b]).unwrap_or_default())
-}
-
 /// Names inside an error message (`dup key: { <token>: … }`), best effort:
-/// at each byte that starts a token, the longest run that spells a token the
-/// dictionary knows is replaced by its name; an escape byte is dropped.
-/// Anything else is left as it is.
+/// a token is found whole by its first byte (tokens delimit themselves) and
+/// replaced by its name when the dictionary knows it; an escape byte is
+/// dropped. Anything else, unknown tokens included, is left as it is: a
+/// text never names a field it does not name.
 pub fn expand_text(text: &str, names: &dyn Names) -> String {
     let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len() * 2);
+    let mut plain = 0;
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
         if b == ESCAPE {
+            out.push_str(&text[plain..i]);
             i += 1;
+            plain = i;
             continue;
         }
-        if !starts_token(b) {
-            let next = text[i..]
-                .char_indices()
-                .nth(1)
-                .map_or(text.len(), |(j, _)| i + j);
-            out.push_str(&text[i..next]);
-            i = next;
-            continue;
-        }
-        // Token bytes are ASCII: the run ends at the first byte that cannot follow.
-        let mut end = i + 1;
-        while end < bytes.len()
-            && end - i < 5
-            && (0x21..=0x7E).contains(&bytes[end])
-            && bytes[end] != b'.'
-        {
-            end += 1;
-        }
-        let found = (i + 1..=end).rev().find_map(|e| match decode(&text[i..e]) {
-            Some(Stored::Token(n)) => names.name(n).map(|name| (e, name)),
-            _ => None,
-        });
-        match found {
-            Some((e, name)) => {
+        if starts_token(b) {
+            let found = token_len(&bytes[i..]).and_then(|len| {
+                Some((
+                    len,
+                    names.name(Token::from_bytes(&bytes[i..i + len])?.as_bytes())?,
+                ))
+            });
+            if let Some((len, name)) = found {
+                out.push_str(&text[plain..i]);
                 out.push_str(name);
-                i = e;
-            }
-            None => {
-                out.push(b as char);
-                i += 1;
+                i += len;
+                plain = i;
+                continue;
             }
         }
+        i += 1;
     }
+    out.push_str(&text[plain..]);
     out
 }

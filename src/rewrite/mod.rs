@@ -9,6 +9,7 @@ mod command;
 pub mod crud;
 pub mod cursor;
 pub mod expand;
+mod guard;
 mod hello;
 mod pipeline;
 pub mod raw;
@@ -18,12 +19,16 @@ pub mod tokenize;
 use bson::RawBsonRef;
 
 use crate::error::ProxyError;
-use crate::token::{Consistent, Migration, Tokens};
+use crate::token::{Integrity, Migration, Tokens};
 use crate::wire::{Compressor, Frame, Message, OpMsg};
 pub use command::Command;
 use shard_key::{ReplyNeeds, ShardKeys};
 
 pub use hello::{is_hello, MAX_WIRE_VERSION};
+
+/// How deeply documents may nest: MongoDB's own limit for any BSON object
+/// (`maxBSONDepth`); anything deeper is refused as the server refuses it.
+pub const MAX_DEPTH: usize = 200;
 
 /// What the rewriters need to know about the deployment.
 #[derive(Clone, Debug, Default)]
@@ -124,6 +129,15 @@ pub struct Rewritten {
     pub plan: ReplyPlan,
 }
 
+/// Refuses a request no client may make through the proxy (writing a
+/// dictionary's collections); checked before anything is allocated.
+pub fn admit(frame: &Frame, settings: &Settings) -> Result<(), ProxyError> {
+    match (&settings.tokens, frame.message()) {
+        (Some(_), Message::Msg(m)) => guard::check(m),
+        _ => Ok(()),
+    }
+}
+
 /// Rewrites one decompressed request.
 pub fn request(
     frame: &Frame,
@@ -222,7 +236,12 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
     if scope.is_none() && tokens.is_some() && db == Some("admin") {
         rules.strings = cluster_stream(name, body, &settings.cursor_kinds)?;
     }
-    let hide_store = rules.strings == expand::Strings::ClusterEvents && name == "aggregate";
+    // A stream over a whole database or the cluster would show the changes
+    // of the dictionaries (`__laconic`): the proxy's own bookkeeping.
+    let hide_store = tokens.is_some()
+        && name == "aggregate"
+        && collection.is_none()
+        && opens_change_stream(body);
     if !concerns && scope.is_none() && !hide_store {
         let plan = if rules == ReplyRules::default() {
             ReplyPlan::Forward
@@ -244,12 +263,10 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
             });
         }
         let policy = t.policies.get(scope, coll);
-        let msg = t
-            .store
-            .read(scope, |names| raw::insert(m, policy, names))
-            .map_err(|e| {
-                ProxyError::Unsupported(format!("an insert that is not valid BSON: {e}"))
-            })?;
+        let names = t.store.dictionary(scope)?;
+        let msg = raw::insert(m, policy, &*names).map_err(|e| {
+            ProxyError::Unsupported(format!("an insert that is not valid BSON: {e}"))
+        })?;
         return Ok(Rewritten {
             frame: Some(frame.clone().with_message(Message::Msg(msg))),
             plan: ReplyPlan::Rewrite(rules),
@@ -259,29 +276,44 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
     if concerns {
         rules.shard = keys.request(&mut cmd)?;
     }
-    if let (true, Some(t)) = (hide_store, tokens) {
-        // The name store is the proxy's own bookkeeping: its changes are
-        // not the application's.
+    if hide_store {
         if let Ok(stages) = cmd.body.get_array_mut("pipeline") {
             let at = stages.len().min(1);
+            let hidden = [
+                crate::token::dictionary::COLLECTION,
+                crate::token::store::MARK_COLLECTION,
+            ];
             stages.insert(
                 at,
-                bson::Bson::Document(
-                    bson::doc! {"$match": {"ns.db": {"$ne": t.store.database_name()}}},
-                ),
+                bson::Bson::Document(bson::doc! {"$match": {"ns.coll": {"$nin": hidden.to_vec()}}}),
             );
         }
     }
     if let (Some(t), Some(scope)) = (tokens, scope) {
-        t.store.read(scope, |names| {
-            crud::command(&mut cmd, scope, &t.policies, &Consistent::new(names))
-        })?;
+        let names = t.store.dictionary(scope)?;
+        crud::command(&mut cmd, scope, &t.policies, &*names)?;
     }
     let msg = cmd.into_msg(m)?;
     Ok(Rewritten {
         frame: Some(frame.clone().with_message(Message::Msg(msg))),
         plan: ReplyPlan::Rewrite(rules),
     })
+}
+
+/// Whether an aggregate's first stage is `$changeStream`.
+fn opens_change_stream(body: &bson::RawDocument) -> bool {
+    body.get_array("pipeline")
+        .ok()
+        .and_then(|p| {
+            p.into_iter()
+                .next()?
+                .ok()?
+                .as_document()?
+                .into_iter()
+                .next()?
+                .ok()
+        })
+        .is_some_and(|(k, _)| k == "$changeStream")
 }
 
 /// A cluster-wide change stream (or its `getMore`): its events come from
@@ -369,14 +401,13 @@ fn expand_cluster_events(
             continue;
         };
         let raw = command::to_raw(e)?;
-        let expanded = t
-            .store
-            .read(&db, |names| {
-                expand::raw_document_with(&raw, names, expand::Strings::Events)
-            })
-            .map_err(|u| ProxyError::UnknownTokens {
-                scope: db.clone(),
-                tokens: u.names.into_iter().chain(u.values).collect(),
+        let names = t.store.dictionary(&db)?;
+        let expanded =
+            expand::raw_document_with(&raw, &*names, expand::Strings::Events).map_err(|u| {
+                Integrity::UnknownTokens {
+                    scope: db.clone(),
+                    count: u.count(),
+                }
             })?;
         *e = command::to_document(&expanded)?;
         changed = true;
@@ -474,14 +505,11 @@ pub fn reply(
                     remember_cursor(m.body(), rules, &settings.cursor_kinds);
                 }
                 if rules.strings != expand::Strings::Data || raw::needed(m.body().as_bytes()) {
-                    let expanded = t
-                        .store
-                        .read(scope, |names| {
-                            expand::raw_document_with(m.body(), names, rules.strings)
-                        })
-                        .map_err(|u| ProxyError::UnknownTokens {
+                    let names = t.store.dictionary(scope)?;
+                    let expanded = expand::raw_document_with(m.body(), &*names, rules.strings)
+                        .map_err(|u| Integrity::UnknownTokens {
                             scope: scope.clone(),
-                            tokens: u.names.into_iter().chain(u.values).collect(),
+                            count: u.count(),
                         })?;
                     body = Some(expanded);
                 }

@@ -11,7 +11,8 @@ use std::borrow::Cow;
 
 use super::expand::{self, Strings, Unknown};
 use crate::token::namespace::{
-    encode_bytes, escape, value_bytes, value_number, ESCAPE, MAX_TOKEN_LEN, VALUE_SUBTYPE,
+    any_part_reserved, escape, starts_token, value_bytes, value_number, Token, ESCAPE,
+    VALUE_SUBTYPE,
 };
 use crate::token::{Names, Policy};
 
@@ -201,7 +202,7 @@ fn tokenize_doc<'d>(
 /// A key as stored, built without allocating.
 enum StoredKey<'k> {
     Plain(&'k str),
-    Token([u8; MAX_TOKEN_LEN], usize),
+    Token(Token),
     Escaped(String),
 }
 
@@ -209,8 +210,7 @@ impl<'k> StoredKey<'k> {
     fn of(parent: &[&str], key: &'k str, policy: &Policy, names: &dyn Names) -> StoredKey<'k> {
         if policy.tokenizes(parent, key) {
             if let Some(t) = names.token(key) {
-                let (bytes, len) = encode_bytes(t);
-                return StoredKey::Token(bytes, len);
+                return StoredKey::Token(t);
             }
         }
         match escape(key) {
@@ -222,7 +222,7 @@ impl<'k> StoredKey<'k> {
     fn bytes(&self) -> &[u8] {
         match self {
             StoredKey::Plain(k) => k.as_bytes(),
-            StoredKey::Token(b, len) => &b[..*len],
+            StoredKey::Token(t) => t.as_bytes(),
             StoredKey::Escaped(k) => k.as_bytes(),
         }
     }
@@ -243,10 +243,10 @@ fn value<'d>(
         0x02 if at_value_path => match names.value_token(string_of(v)?) {
             Some(t) => {
                 header(out, 0x05, key);
-                let bytes = value_bytes(t);
-                out.extend_from_slice(&(bytes.len() as i32).to_le_bytes());
+                let (bytes, len) = value_bytes(t);
+                out.extend_from_slice(&(len as i32).to_le_bytes());
                 out.push(VALUE_SUBTYPE);
-                out.extend_from_slice(&bytes);
+                out.extend_from_slice(&bytes[..len]);
             }
             None => {
                 header(out, kind, key);
@@ -403,7 +403,7 @@ fn expand_doc(
             (Cow::Borrowed(e.key), strings)
         } else {
             let first = e.key.first().copied().unwrap_or(0);
-            let plain = first != ESCAPE && !is_token_byte(first) && !e.key.contains(&b'.');
+            let plain = first != ESCAPE && !starts_token(first) && !e.key.contains(&b'.');
             if plain && strings == Strings::Data {
                 // The common case: a user key stored as it is, in a document.
                 (Cow::Borrowed(e.key), strings)
@@ -447,9 +447,7 @@ fn expand_doc(
                 }
             }
             0x02 if (inner == Strings::Paths || &*key == b"errmsg")
-                && e.value[4..]
-                    .iter()
-                    .any(|&b| b == ESCAPE || is_token_byte(b)) =>
+                && e.value[4..].iter().any(|&b| b == ESCAPE || starts_token(b)) =>
             {
                 let text = string_of(e.value)?;
                 let expanded = if &*key == b"errmsg" && inner != Strings::Paths {
@@ -483,20 +481,16 @@ pub fn needed(doc: &[u8]) -> bool {
 fn needed_in(doc: &[u8], is_array: bool) -> Result<bool, Malformed> {
     for e in elements(doc) {
         let e = e?;
-        if !is_array
-            && e.key.iter().enumerate().any(|(i, &b)| {
-                (i == 0 || e.key[i - 1] == b'.') && (b == ESCAPE || is_token_byte(b))
-            })
-        {
+        if !is_array && any_part_reserved(e.key) {
             return Ok(true);
         }
         let found = match e.kind {
             0x03 => needed_in(e.value, false)?,
             0x04 => needed_in(e.value, true)?,
             0x05 => e.value.get(4) == Some(&VALUE_SUBTYPE),
-            0x02 if e.key == b"errmsg" => e.value[4..]
-                .iter()
-                .any(|&b| b == ESCAPE || is_token_byte(b)),
+            0x02 if e.key == b"errmsg" => {
+                e.value[4..].iter().any(|&b| b == ESCAPE || starts_token(b))
+            }
             _ => false,
         };
         if found {
@@ -504,11 +498,6 @@ fn needed_in(doc: &[u8], is_array: bool) -> Result<bool, Malformed> {
         }
     }
     Ok(false)
-}
-
-/// Bytes that begin a token (`0x01`–`0x1E`, `0x7F`).
-fn is_token_byte(b: u8) -> bool {
-    (0x01..=0x1E).contains(&b) || b == 0x7F
 }
 
 #[cfg(test)]

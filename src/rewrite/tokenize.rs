@@ -14,7 +14,7 @@ use bson::spec::BinarySubtype;
 use bson::Binary;
 
 use crate::error::ProxyError;
-use crate::token::namespace::{encode, escape, value_bytes, VALUE_SUBTYPE};
+use crate::token::namespace::{escape, value_bytes, VALUE_SUBTYPE};
 use crate::token::{Names, Policy};
 
 /// Names in a document that `policy` tokenizes, for allocation before a write.
@@ -142,7 +142,10 @@ pub fn value_at(v: &Bson, parent: &mut Vec<String>, policy: &Policy, names: &dyn
 pub fn value_token(t: u32) -> Bson {
     Bson::Binary(Binary {
         subtype: BinarySubtype::UserDefined(VALUE_SUBTYPE),
-        bytes: value_bytes(t),
+        bytes: {
+            let (b, len) = value_bytes(t);
+            b[..len].to_vec()
+        },
     })
 }
 
@@ -150,7 +153,7 @@ pub fn value_token(t: u32) -> Bson {
 pub fn key<'k>(parent: &[&str], k: &'k str, policy: &Policy, names: &dyn Names) -> Cow<'k, str> {
     if policy.tokenizes(parent, k) {
         if let Some(t) = names.token(k) {
-            return Cow::Owned(encode(t));
+            return Cow::Owned(t.as_str().to_owned());
         }
     }
     escape(k)

@@ -1,19 +1,81 @@
-//! Tokens: the reversible token namespace, and the name store that allocates
-//! token numbers in the upstream.
+//! Tokens: the reversible token namespace, the dictionaries that give
+//! names their tokens, and the name store that keeps them in the upstream.
 
+pub mod dictionary;
 pub mod namespace;
+pub mod order;
 pub mod policy;
 pub mod store;
 
+pub use dictionary::{Dictionary, Epoch, Names, Recorder};
 pub use policy::{Migration, Policies, Policy, State as MigrationState};
-pub use store::{
-    value_scope, Consistent, Dictionary, NameStore, Names, Recorder, RoundTrips, Snapshot,
-    StoreError,
-};
+pub use store::{NameStore, RoundTrips, StoreError};
 
 /// Tokenization as the proxy runs it: which names, and the store that holds them.
 #[derive(Clone, Debug)]
 pub struct Tokens {
     pub policies: Policies,
     pub store: NameStore,
+}
+
+/// Why a dictionary cannot be trusted: the proxy refuses reads and writes
+/// of its databases until the operator puts the right one back.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Integrity {
+    /// No dictionary, while the database holds documents that may be
+    /// tokenized: a new one could give their tokens to other names.
+    #[error("the database {scope} holds documents but no dictionary: if they were written through Laconic, their dictionary is lost (restore it with `laconic store import`, or restore the database with its __laconic collection); if they predate Laconic, adopt them with `laconic store init {scope}` or `laconic migrate`")]
+    Missing { scope: String },
+    /// The dictionary this proxy read is gone, and documents remain.
+    #[error("the dictionary of {scope} (identity {epoch}) is gone while the database still holds documents written with it: restore it with `laconic store import`, or restore the database with its __laconic collection; reads and writes of {scope} are refused until then")]
+    Lost { scope: String, epoch: Epoch },
+    /// The dictionary lost names this proxy knows (a restore of an older
+    /// copy, or entries removed by hand).
+    #[error("the dictionary of {scope} went back in time: {what}; was an older copy restored? Import the newest export (`laconic store import`); reads and writes of {scope} are refused until then")]
+    Rewound { scope: String, what: String },
+    /// The dictionary's documents were changed by hand.
+    #[error("the dictionary of {scope} was changed outside Laconic: {what}; restore it from an export (`laconic store import`) and check the data with `laconic store verify {scope}`")]
+    Edited { scope: String, what: String },
+    /// Written in a format this proxy does not read.
+    #[error("the dictionary of {scope} is in format {found}, and this proxy reads format 2: bring it over with `laconic migrate --upgrade`")]
+    Format { scope: String, found: i64 },
+    /// Documents hold tokens the dictionary does not have.
+    #[error("documents of {scope} hold tokens its dictionary does not know ({count} of them): the dictionary may be older than the data, or the data come from another dictionary; see `laconic store verify {scope}`")]
+    UnknownTokens { scope: String, count: usize },
+    /// A database linked to a shared dictionary that is not the one its
+    /// documents were written with.
+    #[error("the database {db} was written with dictionary {expected} of {scope}, but {scope} now holds dictionary {found}: restore the databases of the group together")]
+    Mismatch {
+        db: String,
+        scope: String,
+        expected: Epoch,
+        found: Epoch,
+    },
+}
+
+impl Integrity {
+    pub fn scope(&self) -> &str {
+        match self {
+            Integrity::Missing { scope }
+            | Integrity::Lost { scope, .. }
+            | Integrity::Rewound { scope, .. }
+            | Integrity::Edited { scope, .. }
+            | Integrity::Format { scope, .. }
+            | Integrity::UnknownTokens { scope, .. }
+            | Integrity::Mismatch { scope, .. } => scope,
+        }
+    }
+
+    /// A short name for metrics and /readyz.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Integrity::Missing { .. } => "missing",
+            Integrity::Lost { .. } => "lost",
+            Integrity::Rewound { .. } => "rewound",
+            Integrity::Edited { .. } => "edited",
+            Integrity::Format { .. } => "format",
+            Integrity::UnknownTokens { .. } => "unknown_tokens",
+            Integrity::Mismatch { .. } => "mismatch",
+        }
+    }
 }

@@ -192,19 +192,32 @@ static UNTOKENIZED: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Polic
 /// shared by every clone of the policies; it is state, not configuration,
 /// so it takes no part in comparing policies).
 #[derive(Debug, Default)]
-pub struct Migrating(std::sync::RwLock<std::collections::HashMap<String, State>>);
+pub struct Migrating(parking_lot::RwLock<std::collections::HashMap<String, State>>);
 
 impl Migrating {
     pub fn state(&self, ns: &str) -> Option<State> {
-        let map = self.0.read().unwrap_or_else(|p| p.into_inner());
+        let map = self.0.read();
         if map.is_empty() {
             return None;
         }
         map.get(ns).copied()
     }
 
+    /// Replaces what is known of the collections of `db` (its markers, as
+    /// read with its dictionary).
+    pub fn set_db(&self, db: &str, states: impl IntoIterator<Item = (String, State)>) {
+        let mut map = self.0.write();
+        map.retain(|ns, _| ns.split_once('.').is_none_or(|(d, _)| d != db));
+        map.extend(
+            states
+                .into_iter()
+                .map(|(coll, s)| (format!("{db}.{coll}"), s)),
+        );
+    }
+
+    /// Replaces everything (tests and tools).
     pub fn replace(&self, states: std::collections::HashMap<String, State>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = states;
+        *self.0.write() = states;
     }
 }
 

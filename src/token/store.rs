@@ -1,514 +1,960 @@
-//! The name store (seed 000), kept in the upstream itself and grown only with
-//! atomic operations, so any number of proxies allocate tokens concurrently
-//! without coordinating, and always agree.
+//! The name store (seed 000): each tokenized database keeps its dictionary
+//! in its own `__laconic` collection, beside the documents it encodes, so a
+//! backup, a restore or a `dropDatabase` of the database takes both along.
+//! It grows only by atomic operations, so any number of proxies allocate
+//! concurrently, without coordinating, and always agree.
 //!
-//! One chain of documents per scope (by default, the database written):
-//!
-//! ```text
-//! {_id: "<scope>/<seq>", scope, seq, leastvalue, list: [name, name, …]}
-//! ```
-//!
-//! A name's token number is the `leastvalue` of its document plus its index in
-//! `list`; `leastvalue` counts the names in the earlier documents. A document
-//! holds at most `cap` names, and only the newest one grows:
-//!
-//! - **add**: `findAndModify` on the newest document, matching
-//!   `{list: {$nin: names}, "list.<cap - k>": {$exists: false}}` (none of the
-//!   `k` names there yet, and room for all of them), `$push` them with
-//!   `$each`, returning the new document: one round trip.
-//! - **full, or a name already there**: the match fails; reload the chain from
-//!   the newest document on; names now present are done; a full document
-//!   makes the proxy open the next one with an upserting `findAndModify`
-//!   whose `leastvalue` is the total so far.
-//!
-//! Full documents never change again, so a cache that holds them is exact;
-//! only the newest document needs reloading.
+//! - **Names** go into the newest chain document with one `findAndModify`
+//!   that `$push`es them with their tokens, guarded so that no other name
+//!   lies between each new name's neighbours (`$nor` of `$elemMatch`
+//!   ranges) and that the document has room. Two proxies adding names in
+//!   different places both succeed; in the same place, one retries with the
+//!   other's name as a neighbour. Full documents never change again, so
+//!   only the newest needs guarding.
+//! - **Values** keep seed 000's numbering: a value's number is its place in
+//!   the chain, and a push is guarded by the document's current length.
+//! - **Identity.** The head document holds the dictionary's epoch, format
+//!   and cap; every proxy uses the store's cap whatever its own setting, and
+//!   the epoch is part of every chain document's `_id`.
+//! - **Integrity.** Every read is checked ([`super::dictionary::build`]); a
+//!   proxy also checks that what it read before is still there. A dictionary
+//!   that is lost while documents remain, rewound, or edited by hand puts its
+//!   database in a failed state: reads and writes of it are refused with an
+//!   error that says why, until a correct dictionary is back (checked every
+//!   second). One whose documents went with it (the database was dropped,
+//!   the server wiped) is simply forgotten.
 
-use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
-use rustc_hash::FxHashMap;
-use std::sync::{Arc, RwLock};
-
-use bson::{doc, Bson, Document};
+use bson::{doc, Document};
 use dashmap::DashMap;
+use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
-use mongodb::Collection;
+use mongodb::{Client, Collection};
+use tracing::{error, info, warn};
 
-/// Name-store failures: the client's write is not forwarded.
+use super::dictionary::{
+    build, chain_id, check, empty_chain_document, head_document, parse_head, Dictionary, Epoch,
+    COLLECTION, HEAD_ID,
+};
+use super::namespace::Token;
+use super::policy::{Migration, Policies, State as MigrationState};
+use super::{Integrity, Names};
+
+/// Name-store failures: the command that needed the store is not forwarded.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The store could not be reached (a network failure).
     #[error("the name store is unreachable: {0}")]
-    Upstream(#[from] mongodb::error::Error),
-    #[error("the name store document {id} is malformed: {why}")]
-    Malformed { id: String, why: String },
-    #[error("the name store for {scope} did not settle after {attempts} attempts")]
-    Contention { scope: String, attempts: usize },
+    Unreachable(mongodb::error::Error),
+    /// The upstream answered the store's command with an error.
+    #[error("the name store's {operation} failed: {message}")]
+    Refused {
+        operation: &'static str,
+        code: i32,
+        code_name: String,
+        message: String,
+    },
+    /// The dictionary cannot be trusted.
+    #[error(transparent)]
+    Integrity(#[from] Integrity),
+    /// No short token remains, or the store would not take an append.
+    #[error("{0}")]
+    Exhausted(String),
 }
 
-/// One scope's names, as far as this proxy has read them.
-#[derive(Debug, Default)]
-struct Scope {
-    /// token number → name
-    names: Vec<Arc<str>>,
-    /// name → token number
-    tokens: FxHashMap<Arc<str>, u32>,
-    /// The newest chain document read so far: (seq, leastvalue, len).
-    newest: Option<(i64, u32, usize)>,
-    /// Read from the store at least once (an empty scope included).
-    read: bool,
-}
-
-impl Scope {
-    /// Folds in one chain document (newer documents are applied in order).
-    fn apply(&mut self, seq: i64, leastvalue: u32, list: &[String]) {
-        for (i, name) in list.iter().enumerate() {
-            let n = leastvalue + i as u32;
-            if (n as usize) < self.names.len() {
-                continue; // already known
-            }
-            if n as usize != self.names.len() {
-                // A gap: an earlier document was not read. Cannot happen when
-                // documents are applied in chain order; be safe and skip.
-                break;
-            }
-            let name: Arc<str> = Arc::from(name.as_str());
-            self.names.push(name.clone());
-            self.tokens.entry(name).or_insert(n);
+impl StoreError {
+    fn from_driver(operation: &'static str, e: mongodb::error::Error) -> StoreError {
+        use mongodb::error::{ErrorKind, WriteFailure};
+        match *e.kind {
+            ErrorKind::Command(ref c) => StoreError::Refused {
+                operation,
+                code: c.code,
+                code_name: c.code_name.clone(),
+                message: c.message.clone(),
+            },
+            ErrorKind::Write(WriteFailure::WriteError(ref w)) => StoreError::Refused {
+                operation,
+                code: w.code,
+                code_name: w.code_name.clone().unwrap_or_default(),
+                message: w.message.clone(),
+            },
+            ErrorKind::Io(_)
+            | ErrorKind::ServerSelection { .. }
+            | ErrorKind::ConnectionPoolCleared { .. }
+            | ErrorKind::DnsResolve { .. } => StoreError::Unreachable(e),
+            _ => StoreError::Refused {
+                operation,
+                code: 1,
+                code_name: "InternalError".into(),
+                message: e.to_string(),
+            },
         }
-        self.newest = Some((seq, leastvalue, list.len()));
     }
-}
 
-/// The store and its in-process cache. Clone it freely: clones share both.
-#[derive(Clone, Debug)]
-pub struct NameStore {
-    coll: Collection<Document>,
-    cap: usize,
-    cache: Arc<DashMap<String, Arc<RwLock<Scope>>>>,
+    fn is_duplicate_key(&self) -> bool {
+        matches!(self, StoreError::Refused { code: 11000, .. })
+    }
 }
 
 /// Round trips made, for metrics and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RoundTrips(pub usize);
 
-const MAX_ATTEMPTS: usize = 64;
+/// What a proxy knows of one database's dictionary.
+#[derive(Clone, Debug, Default)]
+enum State {
+    /// Not read yet.
+    #[default]
+    Unloaded,
+    /// There is none (one is made on the first write that needs a token,
+    /// if the database holds no documents then).
+    Absent,
+    Ready(Arc<Dictionary>),
+    /// Not to be trusted: `reference` is the last good dictionary read, which
+    /// a dictionary put back must contain.
+    Failed {
+        error: Integrity,
+        reference: Option<Arc<Dictionary>>,
+    },
+}
 
-impl NameStore {
-    pub fn new(coll: Collection<Document>, cap: usize) -> NameStore {
-        NameStore {
-            coll,
-            cap: cap.max(1),
-            cache: Arc::new(DashMap::new()),
+impl State {
+    fn reference(&self) -> Option<&Arc<Dictionary>> {
+        match self {
+            State::Ready(d) => Some(d),
+            State::Failed { reference, .. } => reference.as_ref(),
+            _ => None,
         }
     }
 
-    /// The names each scope's cache holds, for metrics.
-    pub fn cached_sizes(&self) -> Vec<(String, usize)> {
-        let mut sizes: Vec<(String, usize)> = self
-            .cache
-            .iter()
-            .map(|e| {
-                let n = e
-                    .value()
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .names
-                    .len();
-                (e.key().clone(), n)
-            })
-            .collect();
-        sizes.sort();
-        sizes
+    fn label(&self) -> &'static str {
+        match self {
+            State::Unloaded => "unloaded",
+            State::Absent => "absent",
+            State::Ready(_) => "ready",
+            State::Failed { error, .. } => error.kind(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Scope {
+    state: parking_lot::RwLock<State>,
+    /// One allocation at a time per database in this proxy (proxies still
+    /// race each other, through the store's guards).
+    alloc: tokio::sync::Mutex<()>,
+    /// One reload at a time.
+    reload: tokio::sync::Mutex<()>,
+    /// Reloads finished: a caller that waited while one ran finds the
+    /// state fresh.
+    reloads: std::sync::atomic::AtomicU64,
+    /// To be read again before its next use (the upstream failed or
+    /// restarted since it was read).
+    stale: std::sync::atomic::AtomicBool,
+}
+
+/// A database's dictionary status, for `/readyz` and `/metrics`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub scope: String,
+    /// `ready`, `absent`, `unloaded`, or the kind of failure.
+    pub state: &'static str,
+    pub names: usize,
+    pub values: usize,
+    /// Why the database is refused, when it is.
+    pub error: Option<String>,
+}
+
+/// The store and its in-process cache. Clone it freely: clones share both.
+#[derive(Clone, Debug)]
+pub struct NameStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client,
+    /// Names per chain document in dictionaries this proxy creates.
+    cap: usize,
+    scopes: DashMap<String, Arc<Scope>>,
+    /// Which collections are tokenized (and, shared with them, what the
+    /// migration markers of each database say).
+    policies: Policies,
+    /// Where a format-1 store kept its chains, to name it in errors.
+    legacy: Option<Collection<Document>>,
+}
+
+static EMPTY: LazyLock<Arc<Dictionary>> =
+    LazyLock::new(|| Arc::new(Dictionary::empty(Epoch([0; 16]), 1)));
+
+/// How many times an allocation goes round while other proxies keep
+/// changing the store under it (each round means one of them succeeded).
+const MAX_ROUNDS: usize = 10_000;
+
+impl NameStore {
+    pub fn new(client: Client, cap: usize, policies: Policies) -> NameStore {
+        NameStore {
+            inner: Arc::new(Inner {
+                client,
+                cap: cap.max(1),
+                scopes: DashMap::new(),
+                policies,
+                legacy: None,
+            }),
+        }
     }
 
-    /// Reads one document of the store: whether it can be read at all.
-    pub async fn probe(&self) -> Result<(), StoreError> {
-        self.coll.find_one(doc! {}).await?;
-        Ok(())
+    /// Names the collection where a format-1 store kept its chains.
+    pub fn with_legacy(mut self, db: &str, coll: &str) -> NameStore {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.legacy = Some(inner.client.database(db).collection(coll));
+        }
+        self
     }
 
-    /// The database the store lives in.
-    pub fn database_name(&self) -> String {
-        self.coll.namespace().db
+    pub fn client(&self) -> &Client {
+        &self.inner.client
     }
 
-    fn scope(&self, scope: &str) -> Arc<RwLock<Scope>> {
-        self.cache
+    fn scope(&self, scope: &str) -> Arc<Scope> {
+        if let Some(s) = self.inner.scopes.get(scope) {
+            return s.clone();
+        }
+        self.inner
+            .scopes
             .entry(scope.to_owned())
-            .or_insert_with(|| Arc::new(RwLock::new(Scope::default())))
+            .or_default()
             .clone()
     }
 
-    /// Whether this proxy has read the scope's chain at least once.
+    fn coll(&self, db: &str) -> Collection<Document> {
+        self.inner.client.database(db).collection(COLLECTION)
+    }
+
+    /// The dictionary to rewrite with: the one read, or an empty one where
+    /// the database has none (yet). Never a round trip.
+    pub fn dictionary(&self, scope: &str) -> Result<Arc<Dictionary>, Integrity> {
+        match &*self.scope(scope).state.read() {
+            State::Ready(d) => Ok(d.clone()),
+            State::Failed { error, .. } => Err(error.clone()),
+            State::Unloaded | State::Absent => Ok(EMPTY.clone()),
+        }
+    }
+
+    /// Whether the database's dictionary has been read, and may be used
+    /// as read.
     pub fn loaded(&self, scope: &str) -> bool {
-        let s = self.scope(scope);
-        let s = s.read().unwrap_or_else(|p| p.into_inner());
-        s.read || s.newest.is_some()
-    }
-
-    /// The token of `name`, from the cache only (never a round trip).
-    pub fn cached_token(&self, scope: &str, name: &str) -> Option<u32> {
-        let s = self.scope(scope);
-        let s = s.read().unwrap_or_else(|p| p.into_inner());
-        s.tokens.get(name).copied()
-    }
-
-    /// The name of token `n`, from the cache only.
-    pub fn cached_name(&self, scope: &str, n: u32) -> Option<Arc<str>> {
-        let s = self.scope(scope);
-        let s = s.read().unwrap_or_else(|p| p.into_inner());
-        s.names.get(n as usize).cloned()
-    }
-
-    /// Reads the chain from the newest document this proxy knows on.
-    pub async fn refresh(&self, scope: &str) -> Result<RoundTrips, StoreError> {
         let cell = self.scope(scope);
-        let from = cell
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .newest
-            .map_or(0, |n| n.0);
-        let mut cursor = self
-            .coll
-            .find(doc! {"scope": scope, "seq": {"$gte": from}})
-            .sort(doc! {"seq": 1})
-            .await?;
-        let mut docs = Vec::new();
-        while cursor.advance().await? {
-            docs.push(cursor.deserialize_current()?);
-        }
-        let mut s = cell.write().unwrap_or_else(|p| p.into_inner());
-        for d in &docs {
-            let (seq, least, list) = parse(d)?;
-            s.apply(seq, least, &list);
-        }
-        s.read = true;
-        Ok(RoundTrips(1))
+        !cell.stale.load(std::sync::atomic::Ordering::Acquire)
+            && !matches!(*cell.state.read(), State::Unloaded)
     }
 
-    /// The tokens of `names`, allocating the missing ones. Returns them in
-    /// the order given, and the round trips it took.
-    pub async fn tokens(
+    /// Marks every dictionary to be read again before its next use: called
+    /// when the upstream fails, since a server that comes back may be
+    /// another (restored, or wiped) one.
+    pub fn suspect_all(&self) {
+        for e in self.inner.scopes.iter() {
+            e.value()
+                .stale
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Whether the database has a dictionary (as last read).
+    pub fn exists(&self, scope: &str) -> bool {
+        matches!(*self.scope(scope).state.read(), State::Ready(_))
+    }
+
+    /// Reads the dictionary if this proxy never has.
+    pub async fn ensure_loaded(&self, scope: &str) -> Result<RoundTrips, StoreError> {
+        if self.loaded(scope) {
+            return Ok(RoundTrips(0));
+        }
+        self.refresh(scope).await
+    }
+
+    /// Reads the whole dictionary again and checks it against what this
+    /// proxy read before. Callers that arrive while a read runs share it.
+    pub async fn refresh(&self, scope: &str) -> Result<RoundTrips, StoreError> {
+        self.reload(scope, true).await
+    }
+
+    async fn reload(&self, scope: &str, share: bool) -> Result<RoundTrips, StoreError> {
+        use std::sync::atomic::Ordering;
+        let cell = self.scope(scope);
+        let seen = cell.reloads.load(Ordering::Acquire);
+        let _one = cell.reload.lock().await;
+        if share && cell.reloads.load(Ordering::Acquire) != seen {
+            return Ok(RoundTrips(0)); // a read finished while this one waited
+        }
+        let previous = cell.state.read().clone();
+        cell.stale.store(false, Ordering::Release);
+        let (state, trips) = match self.read(scope, &previous).await {
+            Ok(r) => r,
+            Err(e) => {
+                cell.stale.store(true, Ordering::Release);
+                return Err(e);
+            }
+        };
+        self.settle(scope, &cell, state);
+        cell.reloads.fetch_add(1, Ordering::Release);
+        Ok(trips)
+    }
+
+    /// A read that starts after the caller's own last write (allocations
+    /// judge from it whether another proxy changed the store).
+    async fn reload_now(&self, scope: &str) -> Result<RoundTrips, StoreError> {
+        self.reload(scope, false).await
+    }
+
+    /// Re-reads every dictionary this proxy holds: what a dropped, replaced,
+    /// rewound or edited dictionary is noticed by within a second, and what
+    /// a failed one recovers by once it is put back.
+    pub async fn revalidate(&self) {
+        let scopes: Vec<String> = self
+            .inner
+            .scopes
+            .iter()
+            .filter(|e| !matches!(*e.value().state.read(), State::Unloaded))
+            .map(|e| e.key().clone())
+            .collect();
+        for scope in scopes {
+            if let Err(e) = self.refresh(&scope).await {
+                tracing::debug!(scope = ?scope, error = %e, "the dictionary could not be read again");
+            }
+        }
+    }
+
+    /// Revalidates every `every` until `shutdown` fires.
+    pub async fn watch(self, every: Duration, shutdown: crate::shutdown::Shutdown) {
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.triggered() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            self.revalidate().await;
+        }
+    }
+
+    /// The state of every database this proxy has read.
+    pub fn statuses(&self) -> Vec<Status> {
+        let mut out: Vec<Status> = self
+            .inner
+            .scopes
+            .iter()
+            .map(|e| {
+                let state = e.value().state.read().clone();
+                let (names, values) = match &state {
+                    State::Ready(d) => (d.len(), d.value_count()),
+                    _ => (0, 0),
+                };
+                Status {
+                    scope: e.key().clone(),
+                    state: state.label(),
+                    names,
+                    values,
+                    error: match &state {
+                        State::Failed { error, .. } => Some(error.to_string()),
+                        _ => None,
+                    },
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.scope.cmp(&b.scope));
+        out
+    }
+
+    /// Whether the store's upstream answers.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        self.inner
+            .client
+            .database("admin")
+            .run_command(doc! {"ping": 1})
+            .await
+            .map(|_| ())
+            .map_err(|e| StoreError::from_driver("ping", e))
+    }
+
+    /// Whether any tokenized collection of `db` holds a document (one that a
+    /// new dictionary could mislabel).
+    pub async fn has_documents(&self, db: &str) -> Result<bool, StoreError> {
+        let database = self.inner.client.database(db);
+        let names = database
+            .list_collection_names()
+            .filter(doc! {"type": "collection"})
+            .await
+            .map_err(|e| StoreError::from_driver("listCollections", e))?;
+        for name in names {
+            let tokenized =
+                self.inner.policies.get(db, &name).is_active() || !self.inner.policies.is_active();
+            if name.starts_with(COLLECTION) || name.starts_with("system.") || !tokenized {
+                continue;
+            }
+            let one = database
+                .collection::<Document>(&name)
+                .find_one(doc! {})
+                .projection(doc! {"_id": 1})
+                .await
+                .map_err(|e| StoreError::from_driver("find", e))?;
+            if one.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Reads `scope`'s collection and judges what it holds against
+    /// `previous`, what this proxy knew.
+    async fn read(&self, scope: &str, previous: &State) -> Result<(State, RoundTrips), StoreError> {
+        // One round trip: the mark first, then the dictionary. The mark is
+        // raised after names are added, so whatever it counts is already in
+        // the dictionary read after it.
+        let mut docs: Vec<Document> = self
+            .inner
+            .client
+            .database(scope)
+            .collection::<Document>(MARK_COLLECTION)
+            .aggregate(vec![
+                doc! {"$match": {"_id": "mark"}},
+                doc! {"$set": {"_id": "__mark"}},
+                doc! {"$unionWith": {"coll": COLLECTION}},
+            ])
+            .await
+            .map_err(|e| StoreError::from_driver("aggregate", e))?
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::from_driver("aggregate", e))?;
+        let mark = match docs.first() {
+            Some(d) if d.get_str("_id") == Ok("__mark") => parse_mark(&docs.remove(0)),
+            _ => None,
+        };
+        let mut trips = 1;
+        self.note_migrations(scope, &docs);
+        let head = docs.iter().find(|d| d.get_str("_id") == Ok(HEAD_ID));
+        let chain: Vec<Document> = docs
+            .iter()
+            .filter(|d| d.contains_key("chain"))
+            .cloned()
+            .collect();
+        let reference = previous.reference().cloned();
+        let failed = |error: Integrity| State::Failed {
+            error,
+            reference: reference.clone(),
+        };
+        // The identity recorded beside the data, or else the one this proxy read.
+        let known = mark
+            .map(|m| m.epoch)
+            .or(reference.as_ref().map(|d| d.epoch));
+        let state = match head {
+            None if chain.is_empty() => match known {
+                Some(epoch) => {
+                    trips += 1;
+                    if self.has_documents(scope).await? {
+                        failed(Integrity::Lost {
+                            scope: scope.to_owned(),
+                            epoch,
+                        })
+                    } else {
+                        // The documents went with it: nothing can be
+                        // mislabelled, so start afresh.
+                        info!(scope = ?scope, epoch = %epoch, "the dictionary is gone with the documents it encoded; forgetting it");
+                        State::Absent
+                    }
+                }
+                None => State::Absent,
+            },
+            None => failed(Integrity::Edited {
+                scope: scope.to_owned(),
+                what: "its head document is missing".into(),
+            }),
+            Some(h) => match parse_head(scope, h)
+                .and_then(|head| build(scope, head, &chain))
+                .and_then(|dict| check_mark(scope, dict, mark))
+            {
+                Err(e) => failed(e),
+                Ok(dict) => match &reference {
+                    Some(r) if r.epoch == dict.epoch => match r.is_contained_in(&dict) {
+                        Ok(()) => State::Ready(Arc::new(dict)),
+                        Err(what) => failed(Integrity::Rewound {
+                            scope: scope.to_owned(),
+                            what,
+                        }),
+                    },
+                    Some(r) => {
+                        warn!(scope = ?scope, old = %r.epoch, new = %dict.epoch, "the dictionary was replaced; using the new one");
+                        State::Ready(Arc::new(dict))
+                    }
+                    None => State::Ready(Arc::new(dict)),
+                },
+            },
+        };
+        Ok((state, RoundTrips(trips)))
+    }
+
+    /// Raises the mark to what the dictionary now holds, after names or
+    /// values were added: in the background, off the request's path (a mark
+    /// that lags only ever finds less; it only rises, so raises may land in
+    /// any order).
+    fn raise_mark(&self, scope: &str) {
+        let Ok(d) = self.ready(scope) else { return };
+        let marks = self
+            .inner
+            .client
+            .database(scope)
+            .collection::<Document>(MARK_COLLECTION);
+        let scope = scope.to_owned();
+        tokio::spawn(async move {
+            let r = marks
+                .update_one(
+                    doc! {"_id": "mark", "epoch": d.epoch.to_bson()},
+                    doc! {"$max": {"names": d.len() as i64, "values": d.value_count() as i64}},
+                )
+                .upsert(true)
+                .await;
+            if let Err(e) = r.map_err(|e| StoreError::from_driver("update", e)) {
+                // A mark of another identity: the next read says so.
+                if !e.is_duplicate_key() {
+                    warn!(scope = ?scope, error = %e, "the dictionary's mark could not be raised");
+                }
+            }
+        });
+    }
+
+    /// Applies a state read, logging each change of kind once.
+    fn settle(&self, scope: &str, cell: &Scope, new: State) {
+        let mut state = cell.state.write();
+        let (before, after) = (state.label(), new.label());
+        if before != after {
+            match &new {
+                State::Failed { error, .. } => {
+                    error!(scope = ?scope, state = after, "refusing reads and writes: {error}")
+                }
+                _ if matches!(*state, State::Failed { .. }) => {
+                    info!(scope = ?scope, state = after, "the dictionary is sound again; serving")
+                }
+                _ => {}
+            }
+        }
+        *state = new;
+    }
+
+    fn note_migrations(&self, db: &str, docs: &[Document]) {
+        let states = docs.iter().filter_map(|d| {
+            let coll = d.get_str("_id").ok()?.strip_prefix("migration/")?;
+            let reverse = match d.get_str("direction") {
+                Ok("reverse") => true,
+                Ok("forward") => false,
+                _ => {
+                    warn!(db = ?db, collection = ?coll, "ignoring a migration marker with no valid direction");
+                    return None;
+                }
+            };
+            let state = match (d.get_bool("done").ok()?, reverse) {
+                (true, true) => MigrationState::Reversed,
+                (true, false) => return None,
+                (false, true) => MigrationState::Migrating(Migration::Reverse),
+                (false, false) => MigrationState::Migrating(Migration::Forward),
+            };
+            Some((coll.to_owned(), state))
+        });
+        self.inner.policies.migrating.set_db(db, states);
+    }
+
+    /// The tokens and value numbers of `names` and `values`, allocating the
+    /// missing ones, in `scope`'s dictionary (made now if it has none and
+    /// its database holds no documents).
+    pub async fn allocate(
         &self,
         scope: &str,
         names: &[&str],
-    ) -> Result<(Vec<u32>, RoundTrips), StoreError> {
-        let mut trips = 0;
+        values: &[&str],
+    ) -> Result<RoundTrips, StoreError> {
         let cell = self.scope(scope);
-        let missing = |s: &Scope| -> Vec<String> {
-            let mut m: Vec<String> = Vec::new();
-            for n in names {
-                if !s.tokens.contains_key(*n) && !m.iter().any(|x| x == n) {
-                    m.push((*n).to_owned());
-                }
-            }
-            m
-        };
-        if cell
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .newest
-            .is_none()
-        {
-            trips += self.refresh(scope).await?.0;
+        let _one = cell.alloc.lock().await;
+        let mut trips = self.ensure_loaded(scope).await?.0;
+        let dict = self.dictionary(scope)?;
+        let missing_names = missing(names, |n| dict.token(n).is_some());
+        let missing_values = missing(values, |v| dict.value_token(v).is_some());
+        if missing_names.is_empty() && missing_values.is_empty() {
+            return Ok(RoundTrips(trips));
         }
-        for _ in 0..MAX_ATTEMPTS {
-            let (todo, newest) = {
-                let s = cell.read().unwrap_or_else(|p| p.into_inner());
-                (missing(&s), s.newest)
-            };
-            if todo.is_empty() {
-                let s = cell.read().unwrap_or_else(|p| p.into_inner());
-                let out = names.iter().map(|n| s.tokens[*n]).collect();
-                return Ok((out, RoundTrips(trips)));
-            }
-            let (seq, least, len) = match newest {
-                Some(n) => n,
-                None => {
-                    trips += 1;
-                    self.open(scope, 0, 0).await?;
-                    trips += self.refresh(scope).await?.0;
-                    continue;
-                }
-            };
-            if len >= self.cap {
-                trips += 1;
-                self.open(scope, seq + 1, least + len as u32).await?;
-                trips += self.refresh(scope).await?.0;
-                continue;
-            }
-            // Push as many as fit into the newest document, in one round trip.
-            let room = self.cap - len;
-            let batch: Vec<String> = todo.into_iter().take(room).collect();
-            let guard = format!("list.{}", self.cap - batch.len());
-            trips += 1;
-            let updated = self
-                .coll
-                .find_one_and_update(
-                    doc! {"_id": id(scope, seq), "list": {"$nin": &batch}, &guard: {"$exists": false}},
-                    doc! {"$push": {"list": {"$each": &batch}}},
-                )
-                .return_document(ReturnDocument::After)
-                .await?;
-            match updated {
-                Some(d) => {
-                    let (seq, least, list) = parse(&d)?;
-                    cell.write()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .apply(seq, least, &list);
-                }
-                // Another proxy got there first (a name is present, or the
-                // document filled up): read what it wrote and go again.
-                None => trips += self.refresh(scope).await?.0,
-            }
+        if !self.exists(scope) {
+            trips += self.create(scope).await?.0;
         }
-        Err(StoreError::Contention {
-            scope: scope.to_owned(),
-            attempts: MAX_ATTEMPTS,
-        })
+        trips += self.add_names(scope, names).await?.0;
+        trips += self.add_values(scope, values).await?.0;
+        Ok(RoundTrips(trips))
     }
 
-    /// Opens chain document `seq` if nobody has yet (an upserting findAndModify).
-    async fn open(&self, scope: &str, seq: i64, leastvalue: u32) -> Result<(), StoreError> {
-        self.coll
-            .find_one_and_update(
-                doc! {"_id": id(scope, seq)},
-                doc! {"$setOnInsert": {"scope": scope, "seq": seq, "leastvalue": i64::from(leastvalue), "list": []}},
+    /// Makes `scope`'s dictionary, unless the database already holds
+    /// documents (which a new dictionary could mislabel).
+    async fn create(&self, scope: &str) -> Result<RoundTrips, StoreError> {
+        if self.has_documents(scope).await? {
+            if let Some(legacy) = &self.inner.legacy {
+                if let Ok(Some(_)) = legacy.find_one(doc! {"scope": scope}).await {
+                    return Err(Integrity::Format {
+                        scope: scope.to_owned(),
+                        found: 1,
+                    }
+                    .into());
+                }
+            }
+            let e = Integrity::Missing {
+                scope: scope.to_owned(),
+            };
+            self.settle(
+                scope,
+                &self.scope(scope),
+                State::Failed {
+                    error: e.clone(),
+                    reference: None,
+                },
+            );
+            return Err(e.into());
+        }
+        self.init(scope, "created").await?;
+        Ok(RoundTrips(3))
+    }
+
+    /// Writes a head for `scope` if it has none (and a mark for it), then
+    /// reads the dictionary. `laconic store init` calls it for a database
+    /// whose documents predate Laconic.
+    pub async fn init(&self, scope: &str, origin: &str) -> Result<(), StoreError> {
+        let epoch = Epoch::random();
+        self.coll(scope)
+            .update_one(
+                doc! {"_id": HEAD_ID},
+                doc! {"$setOnInsert": head_document(epoch, self.inner.cap, origin)},
             )
             .upsert(true)
-            .return_document(ReturnDocument::After)
-            .await?;
+            .await
+            .map(|_| ())
+            .or_else(|e| {
+                let e = StoreError::from_driver("upsert", e);
+                if e.is_duplicate_key() {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })?;
+        let head = self
+            .coll(scope)
+            .find_one(doc! {"_id": HEAD_ID})
+            .await
+            .map_err(|e| StoreError::from_driver("find", e))?;
+        if Epoch::from_bson(head.as_ref().and_then(|h| h.get("epoch"))) == Some(epoch) {
+            // This proxy made the dictionary: the mark starts from it.
+            self.inner
+                .client
+                .database(scope)
+                .collection::<Document>(MARK_COLLECTION)
+                .replace_one(
+                    doc! {"_id": "mark"},
+                    doc! {"epoch": epoch.to_bson(), "names": 0i64, "values": 0i64},
+                )
+                .upsert(true)
+                .await
+                .map_err(|e| StoreError::from_driver("replace", e))?;
+        }
+        self.reload_now(scope).await.map(|_| ())
+    }
+
+    /// Opens chain document `seq` (an upsert; several proxies may race).
+    async fn open(
+        &self,
+        scope: &str,
+        epoch: Epoch,
+        chain: &str,
+        seq: i64,
+        base: i64,
+    ) -> Result<(), StoreError> {
+        let r = self
+            .coll(scope)
+            .update_one(
+                doc! {"_id": chain_id(epoch, chain, seq)},
+                doc! {"$setOnInsert": empty_chain_document(epoch, chain, seq, base)},
+            )
+            .upsert(true)
+            .await;
+        match r.map_err(|e| StoreError::from_driver("upsert", e)) {
+            Err(e) if !e.is_duplicate_key() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    fn ready(&self, scope: &str) -> Result<Arc<Dictionary>, StoreError> {
+        match &*self.scope(scope).state.read() {
+            State::Ready(d) => Ok(d.clone()),
+            State::Failed { error, .. } => Err(error.clone().into()),
+            _ => Err(StoreError::Exhausted(format!(
+                "the dictionary of {scope} vanished during an allocation"
+            ))),
+        }
+    }
+
+    async fn add_names(&self, scope: &str, names: &[&str]) -> Result<RoundTrips, StoreError> {
+        let mut trips = 0;
+        for _ in 0..MAX_ROUNDS {
+            let d = self.ready(scope)?;
+            let todo = missing(names, |n| d.token(n).is_some());
+            if todo.is_empty() {
+                return Ok(RoundTrips(trips));
+            }
+            let open = d.name_chain.open();
+            if d.name_chain.lengths.is_empty() || open.1 >= d.cap {
+                let seq = if d.name_chain.lengths.is_empty() {
+                    0
+                } else {
+                    open.0 + 1
+                };
+                self.open(scope, d.epoch, "names", seq, 0).await?;
+                trips += 1 + self.reload_now(scope).await?.0;
+                continue;
+            }
+            let (seq, n) = open;
+            let batch: Vec<&str> = todo.iter().take(d.cap - n).map(String::as_str).collect();
+            let plan = plan_names(&d, &batch)?;
+            let k = batch.len();
+            let filter = doc! {
+                "_id": chain_id(d.epoch, "names", seq),
+                "epoch": d.epoch.to_bson(),
+                format!("names.{}", d.cap - k): {"$exists": false},
+                "$nor": plan.guards,
+            };
+            let update = doc! {
+                "$push": {
+                    "names": {"$each": batch.clone()},
+                    "tokens": {"$each": plan.tokens.iter().map(Token::as_str).collect::<Vec<_>>()},
+                    "checks": {"$each": batch.iter().zip(&plan.tokens).map(|(n, t)| check(d.epoch, "names", n, t.as_str())).collect::<Vec<_>>()},
+                },
+                "$inc": {"n": k as i64},
+            };
+            trips += 1;
+            let pushed = self
+                .coll(scope)
+                .find_one_and_update(filter, update)
+                .return_document(ReturnDocument::After)
+                .await
+                .map_err(|e| StoreError::from_driver("findAndModify", e))?;
+            match pushed {
+                Some(doc) => {
+                    self.merge_names(scope, &d, seq, &doc)?;
+                    self.raise_mark(scope);
+                }
+                None => {
+                    trips += self.reload_now(scope).await?.0;
+                    let now = self.ready(scope)?;
+                    if now.epoch == d.epoch && now.name_chain == d.name_chain {
+                        return Err(StoreError::Exhausted(format!(
+                            "the dictionary of {scope} refused an append while nothing in it changed: is its newest document writable by this proxy?"
+                        )));
+                    }
+                    // Another proxy added names (or filled the document):
+                    // go again with what it wrote.
+                }
+            }
+        }
+        Err(StoreError::Exhausted(format!(
+            "the dictionary of {scope} kept changing under {MAX_ROUNDS} attempts to add names"
+        )))
+    }
+
+    /// Folds the chain document a push returned into the dictionary.
+    fn merge_names(
+        &self,
+        scope: &str,
+        d: &Dictionary,
+        seq: i64,
+        doc: &Document,
+    ) -> Result<(), StoreError> {
+        let names = string_list(doc, "names");
+        let tokens = string_list(doc, "tokens");
+        let checks = doc.get_array("checks").map(|a| a.len()).unwrap_or(0);
+        let edited = |what: &str| Integrity::Edited {
+            scope: scope.to_owned(),
+            what: what.to_owned(),
+        };
+        if names.len() != tokens.len() || names.len() != checks {
+            return Err(edited("its newest document holds lists of different lengths").into());
+        }
+        let mut next = d.clone();
+        let mut entries = Vec::new();
+        for (name, token) in names.iter().zip(&tokens) {
+            let t = Token::from_bytes(token.as_bytes())
+                .ok_or_else(|| edited("its newest document holds a malformed token"))?;
+            entries.push((name.clone(), t));
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        next.insert_names(&entries, scope)?;
+        if let Some(l) = next.name_chain.lengths.get_mut(seq as usize) {
+            *l = names.len();
+        }
+        *self.scope(scope).state.write() = State::Ready(Arc::new(next));
         Ok(())
     }
+
+    async fn add_values(&self, scope: &str, values: &[&str]) -> Result<RoundTrips, StoreError> {
+        let mut trips = 0;
+        for _ in 0..MAX_ROUNDS {
+            let d = self.ready(scope)?;
+            let todo = missing(values, |v| d.value_token(v).is_some());
+            if todo.is_empty() {
+                return Ok(RoundTrips(trips));
+            }
+            let open = d.value_chain.open();
+            if d.value_chain.lengths.is_empty() || open.1 >= d.cap {
+                let seq = if d.value_chain.lengths.is_empty() {
+                    0
+                } else {
+                    open.0 + 1
+                };
+                let base = d.value_count() as i64;
+                self.open(scope, d.epoch, "values", seq, base).await?;
+                trips += 1 + self.reload_now(scope).await?.0;
+                continue;
+            }
+            let (seq, n) = open;
+            let batch: Vec<&str> = todo.iter().take(d.cap - n).map(String::as_str).collect();
+            let first = d.value_count();
+            let checks: Vec<i32> = batch
+                .iter()
+                .enumerate()
+                .map(|(i, v)| check(d.epoch, "values", v, &(first + i).to_string()))
+                .collect();
+            trips += 1;
+            let pushed = self
+                .coll(scope)
+                .update_one(
+                    doc! {"_id": chain_id(d.epoch, "values", seq), "epoch": d.epoch.to_bson(), "n": n as i64},
+                    doc! {"$push": {"values": {"$each": batch.clone()}, "checks": {"$each": checks}}, "$inc": {"n": batch.len() as i64}},
+                )
+                .await
+                .map_err(|e| StoreError::from_driver("update", e))?;
+            let before = (d.epoch, d.value_chain.clone());
+            trips += self.reload_now(scope).await?.0;
+            if pushed.modified_count == 1 {
+                self.raise_mark(scope);
+            } else {
+                let now = self.ready(scope)?;
+                if (now.epoch, now.value_chain.clone()) == before {
+                    return Err(StoreError::Exhausted(format!(
+                        "the dictionary of {scope} refused a value while nothing in it changed"
+                    )));
+                }
+            }
+        }
+        Err(StoreError::Exhausted(format!(
+            "the dictionary of {scope} kept changing under {MAX_ROUNDS} attempts to add values"
+        )))
+    }
 }
 
-fn id(scope: &str, seq: i64) -> String {
-    format!("{scope}/{seq}")
+/// The collection, beside the data, that keeps each dictionary's mark.
+pub const MARK_COLLECTION: &str = "__laconic_mark";
+
+/// What the mark kept beside the data (`__laconic_mark`) says: the
+/// dictionary's identity and how many names and values it has given out. A
+/// dictionary restored alone from an older copy holds fewer.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    epoch: Epoch,
+    names: usize,
+    values: usize,
 }
 
-fn parse(d: &Document) -> Result<(i64, u32, Vec<String>), StoreError> {
-    let id = d.get("_id").map(ToString::to_string).unwrap_or_default();
-    let bad = |why: &str| StoreError::Malformed {
-        id: id.clone(),
-        why: why.to_owned(),
+fn parse_mark(d: &Document) -> Option<Mark> {
+    Some(Mark {
+        epoch: Epoch::from_bson(d.get("epoch"))?,
+        names: d.get_i64("names").unwrap_or(0).max(0) as usize,
+        values: d.get_i64("values").unwrap_or(0).max(0) as usize,
+    })
+}
+
+/// A dictionary read against the mark kept beside the data: of the same
+/// identity, and holding at least what was given out.
+fn check_mark(scope: &str, dict: Dictionary, mark: Option<Mark>) -> Result<Dictionary, Integrity> {
+    let Some(m) = mark else {
+        return Ok(dict);
     };
-    let seq = match d.get("seq") {
-        Some(Bson::Int64(v)) => *v,
-        Some(Bson::Int32(v)) => i64::from(*v),
-        _ => return Err(bad("no seq")),
-    };
-    let least = match d.get("leastvalue") {
-        Some(Bson::Int64(v)) => u32::try_from(*v).map_err(|_| bad("leastvalue out of range"))?,
-        Some(Bson::Int32(v)) => u32::try_from(*v).map_err(|_| bad("leastvalue out of range"))?,
-        _ => return Err(bad("no leastvalue")),
-    };
-    let list = d
-        .get_array("list")
-        .map_err(|_| bad("no list"))?
+    if m.epoch != dict.epoch {
+        return Err(Integrity::Mismatch {
+            db: scope.to_owned(),
+            scope: scope.to_owned(),
+            expected: m.epoch,
+            found: dict.epoch,
+        });
+    }
+    if dict.len() < m.names || dict.value_count() < m.values {
+        return Err(Integrity::Rewound {
+            scope: scope.to_owned(),
+            what: format!(
+                "it holds {} names and {} values, but {} and {} were given out",
+                dict.len(),
+                dict.value_count(),
+                m.names,
+                m.values
+            ),
+        });
+    }
+    Ok(dict)
+}
+
+/// The entries of `items` not yet known, each once, in byte order.
+fn missing(items: &[&str], known: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut out: Vec<String> = items
         .iter()
-        .map(|v| {
-            v.as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| bad("a non-string name"))
+        .filter(|i| !known(i))
+        .map(|i| (*i).to_owned())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn string_list(d: &Document, key: &str) -> Vec<String> {
+    d.get_array(key)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
         })
-        .collect::<Result<_, _>>()?;
-    Ok((seq, least, list))
+        .unwrap_or_default()
 }
 
-/// Token lookups for one scope, from the cache only: what the pure rewriters use.
-pub trait Names {
-    fn token(&self, name: &str) -> Option<u32>;
-    fn name(&self, token: u32) -> Option<&str>;
-    /// The token of a tokenized value (a separate dictionary).
-    fn value_token(&self, value: &str) -> Option<u32>;
-    fn value(&self, token: u32) -> Option<&str>;
-    /// Every known value, for matching a regular expression against them.
-    fn values(&self) -> Vec<(u32, Arc<str>)>;
+/// Tokens for new names (`batch`, in byte order), and the guards that
+/// keep every other name out of their gaps while they are pushed.
+struct NamesPlan {
+    tokens: Vec<Token>,
+    guards: Vec<Document>,
 }
 
-/// One command's view of a dictionary: each name is looked up once, so a
-/// token another session allocates while a command is being rewritten
-/// cannot make that command map one name two ways (an output name defined
-/// in one stage and referred to in the next, say).
-pub struct Consistent<'a> {
-    inner: &'a dyn Names,
-    seen: std::cell::RefCell<HashMap<(bool, String), Option<u32>>>,
-}
-
-impl<'a> Consistent<'a> {
-    pub fn new(inner: &'a dyn Names) -> Consistent<'a> {
-        Consistent {
-            inner,
-            seen: Default::default(),
+fn plan_names(d: &Dictionary, batch: &[&str]) -> Result<NamesPlan, StoreError> {
+    let tokens = d
+        .plan(batch)
+        .map_err(|e| StoreError::Exhausted(e.to_string()))?;
+    let mut guards = Vec::new();
+    let mut last = None;
+    for name in batch {
+        let gap = d.neighbour_names(name);
+        if last == Some(gap) {
+            continue;
         }
-    }
-
-    fn memo(&self, value: bool, name: &str, look: impl FnOnce() -> Option<u32>) -> Option<u32> {
-        let key = (value, name.to_owned());
-        if let Some(t) = self.seen.borrow().get(&key) {
-            return *t;
+        last = Some(gap);
+        let mut range = Document::new();
+        if let Some(b) = gap.0 {
+            range.insert("$gt", b);
         }
-        let t = look();
-        self.seen.borrow_mut().insert(key, t);
-        t
-    }
-}
-
-impl Names for Consistent<'_> {
-    fn token(&self, name: &str) -> Option<u32> {
-        self.memo(false, name, || self.inner.token(name))
-    }
-    fn name(&self, token: u32) -> Option<&str> {
-        self.inner.name(token)
-    }
-    fn value_token(&self, value: &str) -> Option<u32> {
-        self.memo(true, value, || self.inner.value_token(value))
-    }
-    fn value(&self, token: u32) -> Option<&str> {
-        self.inner.value(token)
-    }
-    fn values(&self) -> Vec<(u32, Arc<str>)> {
-        self.inner.values()
-    }
-}
-
-/// A dictionary that knows nothing and writes down every name and value a
-/// rewrite asks it for: a dry run of a command through it lists exactly the
-/// names the command would store under the policy, whatever the command.
-#[derive(Default)]
-pub struct Recorder {
-    pub names: std::cell::RefCell<Vec<String>>,
-    pub values: std::cell::RefCell<Vec<String>>,
-}
-
-impl Names for Recorder {
-    fn token(&self, name: &str) -> Option<u32> {
-        let mut names = self.names.borrow_mut();
-        if !names.iter().any(|n| n == name) {
-            names.push(name.to_owned());
+        if let Some(a) = gap.1 {
+            range.insert("$lt", a);
         }
-        None
+        guards.push(if range.is_empty() {
+            doc! {"names.0": {"$exists": true}}
+        } else {
+            doc! {"names": {"$elemMatch": range}}
+        });
     }
-    fn name(&self, _: u32) -> Option<&str> {
-        None
-    }
-    fn value_token(&self, value: &str) -> Option<u32> {
-        let mut values = self.values.borrow_mut();
-        if !values.iter().any(|v| v == value) {
-            values.push(value.to_owned());
-        }
-        None
-    }
-    fn value(&self, _: u32) -> Option<&str> {
-        None
-    }
-    fn values(&self) -> Vec<(u32, Arc<str>)> {
-        Vec::new()
-    }
-}
-
-/// The scope of a database's value dictionary.
-pub fn value_scope(scope: &str) -> String {
-    format!("{scope}#values")
-}
-
-/// A database's names and values as this proxy's cache holds them, read
-/// under one lock for the length of a rewrite: lookups borrow the names,
-/// so expanding a reply allocates nothing per key.
-pub struct Snapshot<'g> {
-    names: &'g Scope,
-    values: &'g Scope,
-}
-
-impl Names for Snapshot<'_> {
-    fn token(&self, name: &str) -> Option<u32> {
-        self.names.tokens.get(name).copied()
-    }
-    fn name(&self, token: u32) -> Option<&str> {
-        self.names.names.get(token as usize).map(|n| &**n)
-    }
-    fn value_token(&self, value: &str) -> Option<u32> {
-        self.values.tokens.get(value).copied()
-    }
-    fn value(&self, token: u32) -> Option<&str> {
-        self.values.names.get(token as usize).map(|n| &**n)
-    }
-    fn values(&self) -> Vec<(u32, Arc<str>)> {
-        self.values
-            .names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (i as u32, n.clone()))
-            .collect()
-    }
-}
-
-impl NameStore {
-    /// Runs `f` with the cached names and values of the database `scope`.
-    /// `f` must not call back into the store.
-    pub fn read<R>(&self, scope: &str, f: impl FnOnce(&Snapshot<'_>) -> R) -> R {
-        let names = self.scope(scope);
-        let values = self.scope(&value_scope(scope));
-        let names = names.read().unwrap_or_else(|p| p.into_inner());
-        let values = values.read().unwrap_or_else(|p| p.into_inner());
-        f(&Snapshot {
-            names: &names,
-            values: &values,
-        })
-    }
-}
-
-/// An in-memory dictionary with the same lookups as a store's cache: for
-/// benchmarks, the analyser's projections and tests.
-#[derive(Debug, Default)]
-pub struct Dictionary {
-    names: Vec<Arc<str>>,
-    tokens: FxHashMap<String, u32>,
-    values: Vec<Arc<str>>,
-    value_tokens: FxHashMap<String, u32>,
-}
-
-impl Dictionary {
-    /// Gives each new name the next token number.
-    pub fn add_names(&mut self, names: &[String]) {
-        for n in names {
-            if !self.tokens.contains_key(n) {
-                self.tokens.insert(n.clone(), self.names.len() as u32);
-                self.names.push(Arc::from(n.as_str()));
-            }
-        }
-    }
-
-    /// Gives each new value the next value-token number.
-    pub fn add_values(&mut self, values: &[String]) {
-        for v in values {
-            if !self.value_tokens.contains_key(v) {
-                self.value_tokens
-                    .insert(v.clone(), self.values.len() as u32);
-                self.values.push(Arc::from(v.as_str()));
-            }
-        }
-    }
-}
-
-impl Names for Dictionary {
-    fn token(&self, name: &str) -> Option<u32> {
-        self.tokens.get(name).copied()
-    }
-    fn name(&self, token: u32) -> Option<&str> {
-        self.names.get(token as usize).map(|n| &**n)
-    }
-    fn value_token(&self, value: &str) -> Option<u32> {
-        self.value_tokens.get(value).copied()
-    }
-    fn value(&self, token: u32) -> Option<&str> {
-        self.values.get(token as usize).map(|v| &**v)
-    }
-    fn values(&self) -> Vec<(u32, Arc<str>)> {
-        self.values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (i as u32, v.clone()))
-            .collect()
-    }
+    Ok(NamesPlan { tokens, guards })
 }

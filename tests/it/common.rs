@@ -43,7 +43,9 @@ pub fn venv_python() -> PathBuf {
         .clone()
 }
 
-fn launch(extra: &[&str]) -> Upstream {
+/// A SecantusDB of the test's own (with the launcher's options), stopped
+/// when the returned value is dropped or [`Upstream::stop`]ped.
+pub fn launch(extra: &[&str]) -> Upstream {
     let mut child = Command::new(venv_python())
         .arg(root().join("scripts/upstream.py"))
         .args(extra)
@@ -66,6 +68,29 @@ fn launch(extra: &[&str]) -> Upstream {
         uri: format!("mongodb://{host}/"),
         host,
         _process: Some(Mutex::new(child)),
+    }
+}
+
+impl Upstream {
+    /// Stops the server (the launcher stops it when its stdin closes) and
+    /// waits for it to exit.
+    pub fn stop(&self) {
+        if let Some(p) = &self._process {
+            let mut child = p.lock().unwrap();
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.host.rsplit_once(':').unwrap().1.parse().unwrap()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -270,6 +295,22 @@ where
         .try_collect()
         .await
         .unwrap()
+}
+
+/// [`by_id`], with the error instead of a panic.
+pub async fn by_id_checked<T>(
+    c: &mongodb::Collection<T>,
+    filter: Document,
+) -> mongodb::error::Result<Vec<T>>
+where
+    T: serde::de::DeserializeOwned + Send + Sync,
+{
+    use futures::TryStreamExt;
+    c.find(filter)
+        .sort(doc! {"_id": 1})
+        .await?
+        .try_collect()
+        .await
 }
 
 /// A collection's index specs as listIndexes gives them (read one per batch,

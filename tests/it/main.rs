@@ -6,6 +6,7 @@ mod common;
 
 mod aggregate;
 mod capture;
+mod dictionary;
 mod errors;
 mod handshake;
 mod migrate;

@@ -96,6 +96,12 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
         before
     );
 
+    // Documents that predate Laconic: the database is adopted (given a
+    // dictionary) before the application writes through a proxy.
+    let mut init = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
+    init.args(["store", "init", "--uri", &common::upstream().uri, &app]);
+    common::run_ok(init).await;
+
     // The application, through the proxy: a writer of new documents and a
     // reader of old ones, all through the migration.
     let mut config = common::proxy_config(&common::upstream().uri);
@@ -174,19 +180,17 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     };
 
     // Start, kill it halfway, resume.
-    let state: Collection<Document> = direct
-        .database(&db_name("mig", "store"))
-        .collection("migrations");
+    let state: Collection<Document> = direct.database(&app).collection("__laconic");
     let mut child = migrate_command(&[]).spawn().unwrap();
-    let id = format!("{app}.events");
-    while state.find_one(doc! {"_id": &id}).await.unwrap().is_none() {
+    let id = "migration/events";
+    while state.find_one(doc! {"_id": id}).await.unwrap().is_none() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     announced.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut progressed = false;
     for _ in 0..3000 {
-        let s = state.find_one(doc! {"_id": &id}).await.unwrap();
+        let s = state.find_one(doc! {"_id": id}).await.unwrap();
         if s.as_ref()
             .and_then(|s| s.get_i64("rewritten").ok())
             .unwrap_or(0)
@@ -202,13 +206,13 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
         let out = child.wait_with_output().unwrap();
         panic!(
             "the migration made no progress: {:?} {}",
-            state.find_one(doc! {"_id": &id}).await.unwrap(),
+            state.find_one(doc! {"_id": id}).await.unwrap(),
             String::from_utf8_lossy(&out.stderr)
         );
     }
     child.kill().unwrap();
     let _ = child.wait();
-    let halfway = state.find_one(doc! {"_id": &id}).await.unwrap().unwrap();
+    let halfway = state.find_one(doc! {"_id": id}).await.unwrap().unwrap();
     assert!(!halfway.get_bool("done").unwrap());
     // Partly migrated: queries on tokenized names match both forms, and
     // updates work on either form (the documents they match are brought to

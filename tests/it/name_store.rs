@@ -1,26 +1,31 @@
-//! The name store against the real upstream: seed 000's schema, one round
-//! trip per chain document, many proxies allocating at once, restarts.
+//! The name store against the real upstream: the dictionary in each
+//! database's `__laconic` collection, capped chained documents, one round
+//! trip per chain document, token order equal to name order, many proxies
+//! allocating at once, restarts.
 
 use std::collections::{HashMap, HashSet};
 
 use bson::{doc, Document};
 use futures::TryStreamExt;
-use laconic::token::{NameStore, RoundTrips};
+use laconic::token::{NameStore, Names, RoundTrips};
 use mongodb::Collection;
 
 use crate::common::{self, db_name};
 
-async fn store_collection(test: &str) -> Collection<Document> {
-    let c = common::direct()
-        .await
-        .database(&db_name(test, "store"))
-        .collection::<Document>("names");
-    c.drop().await.unwrap();
-    c
+/// A dropped database for `test`, and its dictionary collection.
+async fn store_db(test: &str) -> (String, Collection<Document>) {
+    let name = db_name(test, "store");
+    let db = common::direct().await.database(&name);
+    db.drop().await.unwrap();
+    (name, db.collection("__laconic"))
 }
 
-async fn chain(c: &Collection<Document>, scope: &str) -> Vec<Document> {
-    c.find(doc! {"scope": scope})
+async fn store(cap: usize) -> NameStore {
+    NameStore::new(common::direct().await, cap, Default::default())
+}
+
+async fn chain(c: &Collection<Document>) -> Vec<Document> {
+    c.find(doc! {"chain": "names"})
         .sort(doc! {"seq": 1})
         .await
         .unwrap()
@@ -29,68 +34,91 @@ async fn chain(c: &Collection<Document>, scope: &str) -> Vec<Document> {
         .unwrap()
 }
 
+fn token(store: &NameStore, scope: &str, name: &str) -> Vec<u8> {
+    let d = store.dictionary(scope).unwrap();
+    d.token(name)
+        .unwrap_or_else(|| panic!("{name} has no token"))
+        .as_bytes()
+        .to_vec()
+}
+
 #[tokio::test]
-async fn names_are_stored_as_the_seed_describes_with_capped_chained_documents() {
-    let c = store_collection("ns_schema").await;
-    let store = NameStore::new(c.clone(), 5);
+async fn names_are_stored_in_capped_chained_documents_with_tokens_in_name_order() {
+    let (scope, c) = store_db("ns_schema").await;
+    let store = store(5).await;
     let names: Vec<String> = (0..12)
-        .map(|i| format!("custom attribute number {i}"))
+        .map(|i| format!("custom attribute number {i:02}"))
         .collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let (tokens, trips) = store.tokens("tenant", &refs).await.unwrap();
-    assert_eq!(tokens, (0..12).collect::<Vec<u32>>());
-    // Open + refresh for each of 3 documents, one push each, and the first load.
-    assert!(trips.0 <= 10, "{trips:?}");
+    let trips = store.allocate(&scope, &refs, &[]).await.unwrap();
+    // The first load, the head, then for each of 3 documents an open, a
+    // read and a push.
+    assert!(trips.0 <= 14, "{trips:?}");
 
-    let docs = chain(&c, "tenant").await;
+    let docs = chain(&c).await;
     assert_eq!(docs.len(), 3);
     for (i, d) in docs.iter().enumerate() {
-        assert_eq!(d.get_str("_id").unwrap(), format!("tenant/{i}"));
-        assert_eq!(d.get_i64("leastvalue").unwrap(), 5 * i as i64);
-        let list: Vec<&str> = d
-            .get_array("list")
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
-        assert_eq!(list, refs[5 * i..(5 * i + 5).min(12)].to_vec());
+        assert_eq!(d.get_i64("seq").unwrap(), i as i64);
+        let list = d.get_array("names").unwrap();
+        assert_eq!(list.len(), if i < 2 { 5 } else { 2 }, "capped at 5");
+        assert_eq!(d.get_array("tokens").unwrap().len(), list.len());
+        assert_eq!(d.get_array("checks").unwrap().len(), list.len());
     }
+    let head = c
+        .find_one(doc! {"_id": "dictionary"})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(head.get_i32("format").unwrap(), 2);
+    assert_eq!(head.get_i64("cap").unwrap(), 5);
 
-    // A hot cache costs no round trip; a known name is never allocated again.
-    let (again, trips) = store.tokens("tenant", &refs[3..7]).await.unwrap();
-    assert_eq!((again, trips), (vec![3, 4, 5, 6], RoundTrips(0)));
-    assert_eq!(store.cached_name("tenant", 7).as_deref(), Some(refs[7]));
+    // Token order is name order.
+    let tokens: Vec<Vec<u8>> = refs.iter().map(|n| token(&store, &scope, n)).collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
 
-    // A cold single name costs one round trip (the push returns the document).
-    let (t, trips) = store.tokens("tenant", &["Favorite Player"]).await.unwrap();
-    assert_eq!((t, trips), (vec![12], RoundTrips(1)));
-    // A batch of 100 new names: one round trip per chain document it fills,
-    // plus opening and reading each new document.
-    let many: Vec<String> = (0..100).map(|i| format!("batch name {i}")).collect();
-    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
-    let (t, trips) = store.tokens("tenant", &refs).await.unwrap();
-    assert_eq!(t, (13..113).collect::<Vec<u32>>());
-    assert!(trips.0 <= 1 + 3 * 20, "{trips:?}");
+    // A hot cache costs no round trip.
+    let trips = store.allocate(&scope, &refs[3..7], &[]).await.unwrap();
+    assert_eq!(trips, RoundTrips(0));
+    // A new name in the open document costs one (the push returns it).
+    let trips = store
+        .allocate(&scope, &["custom attribute number 05½"], &[])
+        .await
+        .unwrap();
+    assert_eq!(trips, RoundTrips(1));
+    let between = token(&store, &scope, "custom attribute number 05½");
+    assert!(tokens[5] < between && between < tokens[6]);
 
-    // Scopes are separate dictionaries.
-    let (t, _) = store.tokens("other", &["Favorite Player"]).await.unwrap();
-    assert_eq!(t, vec![0]);
+    // Values keep seed 000's numbering: the next numbers, in one push.
+    let trips = store
+        .allocate(&scope, &[], &["Taylor Swift", "Bad Bunny"])
+        .await
+        .unwrap();
+    let d = store.dictionary(&scope).unwrap();
+    let mut numbers = [d.value_token("Taylor Swift"), d.value_token("Bad Bunny")];
+    numbers.sort();
+    assert_eq!(numbers, [Some(0), Some(1)]);
+    assert!(trips.0 <= 4, "{trips:?}");
+
+    // Databases are separate dictionaries.
+    let (other, _) = store_db("ns_schema_other").await;
+    store
+        .allocate(&other, &["Favorite Player"], &[])
+        .await
+        .unwrap();
+    assert_eq!(store.dictionary(&other).unwrap().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_proxies_allocating_2000_names_at_once_agree() {
-    let c = store_collection("ns_race").await;
+async fn four_proxies_allocating_2000_names_at_once_agree_and_keep_name_order() {
+    let (scope, c) = store_db("ns_race").await;
     let names: Vec<String> = (0..2000)
-        .map(|i| format!("attribute {i:04} of a customer"))
+        .map(|i| format!("attribute {:04} of a customer", (i * 7919) % 2000))
         .collect();
     let mut tasks = Vec::new();
     for p in 0..4u64 {
         // Each "proxy" has its own client, connection pool and cache.
-        let coll = common::direct()
-            .await
-            .database(&db_name("ns_race", "store"))
-            .collection::<Document>("names");
-        let store = NameStore::new(coll, 100);
+        let store = store(100).await;
+        let scope = scope.clone();
         let mut order = names.clone();
         // A different order and batch size per proxy.
         order.rotate_left((p as usize) * 500);
@@ -101,9 +129,10 @@ async fn four_proxies_allocating_2000_names_at_once_agree() {
             let mut mine = HashMap::new();
             for batch in order.chunks(7 + 11 * p as usize) {
                 let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
-                let (tokens, _) = store.tokens("race", &refs).await.unwrap();
-                for (n, t) in batch.iter().zip(tokens) {
-                    mine.insert(n.clone(), t);
+                store.allocate(&scope, &refs, &[]).await.unwrap();
+                let d = store.dictionary(&scope).unwrap();
+                for n in batch {
+                    mine.insert(n.clone(), d.token(n).unwrap().as_bytes().to_vec());
                 }
             }
             mine
@@ -114,49 +143,48 @@ async fn four_proxies_allocating_2000_names_at_once_agree() {
         views.push(t.await.unwrap());
     }
     for name in &names {
-        let t: HashSet<u32> = views.iter().map(|v| v[name]).collect();
+        let t: HashSet<&Vec<u8>> = views.iter().map(|v| &v[name]).collect();
         assert_eq!(t.len(), 1, "proxies disagree on {name}: {t:?}");
     }
-    let tokens: HashSet<u32> = views[0].values().copied().collect();
-    assert_eq!(
-        tokens,
-        (0..2000).collect::<HashSet<u32>>(),
-        "every name has exactly one token"
+    let mut by_name: Vec<(&String, &Vec<u8>)> = views[0].iter().collect();
+    by_name.sort();
+    assert!(
+        by_name.windows(2).all(|w| w[0].1 < w[1].1),
+        "token order is name order"
     );
 
-    let docs = chain(&c, "race").await;
+    let docs = chain(&c).await;
     let mut seen = HashSet::new();
-    let mut expected_least = 0;
     for d in &docs {
-        assert_eq!(d.get_i64("leastvalue").unwrap(), expected_least);
-        let list = d.get_array("list").unwrap();
+        let list = d.get_array("names").unwrap();
         assert!(list.len() <= 100);
         for v in list {
             assert!(seen.insert(v.as_str().unwrap().to_owned()), "duplicate {v}");
         }
-        expected_least += list.len() as i64;
     }
     assert_eq!(seen.len(), 2000);
 }
 
 #[tokio::test]
-async fn a_restarted_proxy_reads_the_same_tokens() {
-    let c = store_collection("ns_restart").await;
+async fn a_restarted_proxy_reads_the_same_tokens_in_one_round_trip() {
+    let (scope, c) = store_db("ns_restart").await;
     let names: Vec<String> = (0..40).map(|i| format!("name {i}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let (before, _) = NameStore::new(c.clone(), 16)
-        .tokens("t", &refs)
-        .await
-        .unwrap();
-    let fresh = NameStore::new(c.clone(), 16);
-    let (after, trips) = fresh.tokens("t", &refs).await.unwrap();
-    assert_eq!(before, after);
+    let first = store(16).await;
+    first.allocate(&scope, &refs, &[]).await.unwrap();
+    let fresh = store(1000).await;
+    let trips = fresh.allocate(&scope, &refs, &[]).await.unwrap();
     assert_eq!(trips, RoundTrips(1), "one read, no allocation");
+    for n in &refs {
+        assert_eq!(token(&first, &scope, n), token(&fresh, &scope, n));
+    }
+    // The store's cap rules, whatever the proxy's own setting.
+    assert_eq!(fresh.dictionary(&scope).unwrap().cap, 16);
     assert_eq!(
-        chain(&c, "t")
+        chain(&c)
             .await
             .iter()
-            .map(|d| d.get_array("list").unwrap().len())
+            .map(|d| d.get_array("names").unwrap().len())
             .sum::<usize>(),
         40
     );

@@ -43,7 +43,7 @@ async fn crud_on_a_tokenized_collection_equals_direct_on_an_untokenized_twin() {
     );
     for k in keys.iter().skip(1) {
         assert!(
-            matches!(decode(k), Some(Stored::Token(_))),
+            matches!(decode(k), Stored::Token(_)),
             "{k:?} is not a token"
         );
     }
@@ -51,29 +51,27 @@ async fn crud_on_a_tokenized_collection_equals_direct_on_an_untokenized_twin() {
         .values()
         .find_map(|v| v.as_document().filter(|d| d.len() >= 2))
         .expect("the custom sub-document");
-    assert!(custom
-        .keys()
-        .all(|k| matches!(decode(k), Some(Stored::Token(_)))));
+    assert!(custom.keys().all(|k| matches!(decode(k), Stored::Token(_))));
     let logical = bson::to_vec(&doc! {"_id": 1, "first_name": "Jon", "last_name": "Hyman"})
         .unwrap()
         .len();
     assert!(bson::to_vec(&stored).unwrap().len() < logical + 60);
 
-    // The name store follows seed 000's schema.
+    // The dictionary lives beside the data, in seed 000's chained form.
     let chain: Vec<Document> = common::by_id(
         &common::direct()
             .await
-            .database(&db_name("tok", "store"))
-            .collection("name_store"),
-        doc! {"scope": db_name("tok", "proxy")},
+            .database(&db_name("tok", "proxy"))
+            .collection("__laconic"),
+        doc! {"chain": "names"},
     )
     .await;
     assert!(!chain.is_empty());
-    let list = chain[0].get_array("list").unwrap();
+    let list = chain[0].get_array("names").unwrap();
     assert!(
         list.contains(&Bson::from("first_name")) && list.contains(&Bson::from("Favorite Player"))
     );
-    assert_eq!(chain[0].get_i64("leastvalue").unwrap(), 0);
+    assert_eq!(chain[0].get_i64("seq").unwrap(), 0);
 
     // A fresh proxy (a restart) reads the store and returns identical documents.
     let again = tokenizing_proxy().await;
@@ -127,9 +125,7 @@ async fn sub_documents_set_by_an_update_are_tokenized_in_their_scope() {
         .unwrap();
     let custom = stored.values().nth(1).unwrap().as_document().unwrap();
     assert!(
-        custom
-            .keys()
-            .all(|k| matches!(decode(k), Some(Stored::Token(_)))),
+        custom.keys().all(|k| matches!(decode(k), Stored::Token(_))),
         "{stored}"
     );
 }
@@ -577,7 +573,7 @@ async fn collections_follow_their_own_settings_within_one_dictionary() {
             "{coll}"
         );
     }
-    let is_token = |k: &str| matches!(decode(k), Some(Stored::Token(_)));
+    let is_token = |k: &str| matches!(decode(k), Stored::Token(_));
     for (coll, name_token, prop_token) in [
         // Nothing tokenized in `plain`; `props` tokenizes by length and its
         // own custom path; `other` by length only.

@@ -103,7 +103,7 @@ fn filters_projections_and_sorts_use_existing_tokens_only() {
         &doc! {"first_name": 1, "custom": {"Favorite Player": 1}, "sc": [{"points": 1}]},
         &mut dict,
     );
-    let t = |n: &str| crate::token::namespace::encode(dict.token(n).unwrap());
+    let t = |n: &str| dict.token(n).unwrap().as_str().to_owned();
     let f = filter(
         &doc! {
             "first_name": "Jon",
@@ -149,13 +149,14 @@ fn filters_projections_and_sorts_use_existing_tokens_only() {
 #[test]
 fn unknown_tokens_are_reported_for_a_refresh() {
     let dict = Dict::default();
-    let stored = doc! {crate::token::namespace::encode(7): 1};
+    let stored = doc! {"\u{4}": 1, "\u{1}": 2};
     assert_eq!(
         expand::document(&stored, &dict),
         Err(expand::Unknown {
-            names: vec![7],
+            names: vec!["\u{1}".into(), "\u{4}".into()],
             values: vec![]
-        })
+        }),
+        "an unknown token, and a key that begins like one but spells none"
     );
 }
 
@@ -229,7 +230,7 @@ fn names_inside_error_messages_are_expanded() {
         &doc! {"first_name": 1, "custom": {"Favorite Player": 1}},
         &mut dict,
     );
-    let t = |n: &str| crate::token::namespace::encode(dict.token(n).unwrap());
+    let t = |n: &str| dict.token(n).unwrap().as_str().to_owned();
     let text = format!(
         "E11000 duplicate key error collection: app.people index: first_name_1 dup key: {{ {}: \"Jon\", {}.{}: 1 }}",
         t("first_name"),

@@ -1,0 +1,652 @@
+//! One dictionary as a proxy holds it: names ↔ tokens and values ↔ value
+//! numbers, with the identity of the dictionary they came from. Pure: it is
+//! built from the store's documents (checked on the way in) and read by the
+//! rewriters through [`Names`]. A dictionary never changes once built;
+//! allocation builds a new one, so a command rewrites against one snapshot.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
+use md5::{Digest, Md5};
+use rustc_hash::FxHashMap;
+
+use super::namespace::Token;
+use super::order::{self, TooLong};
+use super::Integrity;
+
+/// The format this proxy reads and writes.
+pub const FORMAT: i32 = 2;
+
+/// A dictionary's identity: 16 random bytes made with its first document.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Epoch(pub [u8; 16]);
+
+impl Epoch {
+    pub fn random() -> Epoch {
+        Epoch(*uuid_bytes())
+    }
+
+    pub fn to_bson(self) -> Bson {
+        Bson::Binary(Binary {
+            subtype: BinarySubtype::Uuid,
+            bytes: self.0.to_vec(),
+        })
+    }
+
+    pub fn from_bson(v: Option<&Bson>) -> Option<Epoch> {
+        match v {
+            Some(Bson::Binary(b)) if b.bytes.len() == 16 => {
+                let mut e = [0u8; 16];
+                e.copy_from_slice(&b.bytes);
+                Some(Epoch(e))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl std::fmt::Display for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in &self.0[..6] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+fn uuid_bytes() -> Box<[u8; 16]> {
+    use std::hash::{BuildHasher, Hasher};
+    // Two independently seeded SipHash states, fed the time: 128 bits that
+    // differ between processes and calls.
+    let mut out = [0u8; 16];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(now);
+        h.write_usize(i);
+        h.write_u32(std::process::id());
+        chunk.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    Box::new(out)
+}
+
+/// Token lookups for one dictionary, from memory only: what the pure
+/// rewriters use.
+pub trait Names {
+    fn token(&self, name: &str) -> Option<Token>;
+    fn name(&self, token: &[u8]) -> Option<&str>;
+    /// The number of a tokenized value (a separate dictionary).
+    fn value_token(&self, value: &str) -> Option<u32>;
+    fn value(&self, token: u32) -> Option<&str>;
+    /// Every known value, for matching a regular expression against them.
+    fn values(&self) -> Vec<(u32, Arc<str>)>;
+}
+
+/// Where one chain stands: its documents' lengths, the last one open.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// Entries per document, in `seq` order.
+    pub lengths: Vec<usize>,
+}
+
+impl Chain {
+    /// The newest document: `(seq, entries)`.
+    pub fn open(&self) -> (i64, usize) {
+        match self.lengths.last() {
+            Some(&n) => (self.lengths.len() as i64 - 1, n),
+            None => (0, 0),
+        }
+    }
+}
+
+/// A dictionary: its identity, its names and its values.
+#[derive(Clone, Debug)]
+pub struct Dictionary {
+    pub epoch: Epoch,
+    /// Names per chain document, as the store says.
+    pub cap: usize,
+    /// name → token
+    tokens: FxHashMap<Arc<str>, Token>,
+    /// token → name
+    names: FxHashMap<Token, Arc<str>>,
+    /// Names in byte order, with their tokens (the same order).
+    sorted: Vec<(Arc<str>, Token)>,
+    /// value number → value
+    values: Vec<Arc<str>>,
+    value_numbers: FxHashMap<Arc<str>, u32>,
+    pub name_chain: Chain,
+    pub value_chain: Chain,
+}
+
+impl Dictionary {
+    /// An empty dictionary of a new identity.
+    pub fn empty(epoch: Epoch, cap: usize) -> Dictionary {
+        Dictionary {
+            epoch,
+            cap: cap.max(1),
+            tokens: FxHashMap::default(),
+            names: FxHashMap::default(),
+            sorted: Vec::new(),
+            values: Vec::new(),
+            value_numbers: FxHashMap::default(),
+            name_chain: Chain::default(),
+            value_chain: Chain::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.sorted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty() && self.values.is_empty()
+    }
+
+    pub fn value_count(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Names and tokens in name order.
+    pub fn entries(&self) -> &[(Arc<str>, Token)] {
+        &self.sorted
+    }
+
+    /// The tokens of the names just below and just above `name`.
+    pub fn neighbours(&self, name: &str) -> (Option<Token>, Option<Token>) {
+        let i = self.sorted.partition_point(|(n, _)| &**n < name);
+        let below = i.checked_sub(1).map(|j| self.sorted[j].1);
+        let above = self.sorted.get(i).map(|(_, t)| *t);
+        (below, above)
+    }
+
+    /// The names just below and just above `name` (for the store's guard).
+    pub fn neighbour_names(&self, name: &str) -> (Option<&str>, Option<&str>) {
+        let i = self.sorted.partition_point(|(n, _)| &**n < name);
+        let below = i.checked_sub(1).map(|j| &*self.sorted[j].0);
+        let above = self.sorted.get(i).map(|(n, _)| &**n);
+        (below, above)
+    }
+
+    /// Tokens for new names (`batch`, in byte order, none known yet), each
+    /// between its neighbours' ([`super::order`]).
+    pub fn plan(&self, batch: &[&str]) -> Result<Vec<Token>, TooLong> {
+        let mut tokens = Vec::with_capacity(batch.len());
+        let mut i = 0;
+        while i < batch.len() {
+            let gap = self.neighbours(batch[i]);
+            let mut j = i + 1;
+            while j < batch.len() && self.neighbours(batch[j]) == gap {
+                j += 1;
+            }
+            tokens.extend(order::fill(
+                j - i,
+                gap.0.as_ref(),
+                gap.1.as_ref(),
+                self.len(),
+            )?);
+            i = j;
+        }
+        Ok(tokens)
+    }
+
+    /// Gives new names their tokens in memory, as the store would (for the
+    /// analyser, benchmarks and tests).
+    pub fn add_names(&mut self, names: &[String]) {
+        let mut batch: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| self.token(n).is_none())
+            .collect();
+        batch.sort_unstable();
+        batch.dedup();
+        if let Ok(tokens) = self.plan(&batch) {
+            let entries: Vec<(String, Token)> =
+                batch.iter().map(|n| (*n).to_owned()).zip(tokens).collect();
+            let _ = self.insert_names(&entries, "");
+        }
+    }
+
+    /// Gives new values the next numbers, in memory.
+    pub fn add_values(&mut self, values: &[String]) {
+        let mut fresh: Vec<String> = Vec::new();
+        for v in values {
+            if self.value_token(v).is_none() && !fresh.contains(v) {
+                fresh.push(v.clone());
+            }
+        }
+        let _ = self.push_values(&fresh, "");
+    }
+
+    /// Adds names with their tokens; fails if that breaks the order or
+    /// gives a name or a token twice.
+    pub fn insert_names(
+        &mut self,
+        entries: &[(String, Token)],
+        scope: &str,
+    ) -> Result<(), Integrity> {
+        for (name, token) in entries {
+            match (self.tokens.get(name.as_str()), self.names.get(token)) {
+                (Some(t), _) if t == token => continue,
+                (None, None) => {}
+                _ => {
+                    return Err(Integrity::Edited {
+                        scope: scope.to_owned(),
+                        what: format!("the name {name:?} or its token is given twice"),
+                    })
+                }
+            }
+            let name: Arc<str> = Arc::from(name.as_str());
+            let i = self.sorted.partition_point(|(n, _)| *n < name);
+            let fits = i.checked_sub(1).is_none_or(|j| self.sorted[j].1 < *token)
+                && self.sorted.get(i).is_none_or(|(_, t)| *token < *t);
+            if !fits {
+                return Err(Integrity::Edited {
+                    scope: scope.to_owned(),
+                    what: format!("the token of {name:?} is out of name order"),
+                });
+            }
+            self.sorted.insert(i, (name.clone(), *token));
+            self.tokens.insert(name.clone(), *token);
+            self.names.insert(*token, name);
+        }
+        Ok(())
+    }
+
+    /// Adds values in number order, starting at the next number.
+    pub fn push_values(&mut self, values: &[String], scope: &str) -> Result<(), Integrity> {
+        for v in values {
+            if self.value_numbers.contains_key(v.as_str()) {
+                return Err(Integrity::Edited {
+                    scope: scope.to_owned(),
+                    what: format!("the value {v:?} is given twice"),
+                });
+            }
+            let v: Arc<str> = Arc::from(v.as_str());
+            self.value_numbers
+                .insert(v.clone(), self.values.len() as u32);
+            self.values.push(v);
+        }
+        Ok(())
+    }
+
+    /// Whether `other` holds every name and value of `self`, alike: a
+    /// dictionary read again may only have grown.
+    pub fn is_contained_in(&self, other: &Dictionary) -> Result<(), String> {
+        if self.epoch != other.epoch {
+            return Err(format!(
+                "its identity changed from {} to {}",
+                self.epoch, other.epoch
+            ));
+        }
+        let missing = self
+            .sorted
+            .iter()
+            .filter(|(n, t)| other.tokens.get(n) != Some(t))
+            .count();
+        if missing > 0 {
+            return Err(format!(
+                "{missing} of the {} names this proxy read before are gone or changed",
+                self.sorted.len()
+            ));
+        }
+        if other.values.len() < self.values.len()
+            || self.values.iter().zip(&other.values).any(|(a, b)| a != b)
+        {
+            return Err("values this proxy read before are gone or changed".into());
+        }
+        Ok(())
+    }
+}
+
+impl Default for Dictionary {
+    /// An empty dictionary with the default cap, for tools and tests.
+    fn default() -> Dictionary {
+        Dictionary::empty(Epoch([0; 16]), 1000)
+    }
+}
+
+impl Names for Dictionary {
+    fn token(&self, name: &str) -> Option<Token> {
+        self.tokens.get(name).copied()
+    }
+    fn name(&self, token: &[u8]) -> Option<&str> {
+        self.names.get(token).map(|n| &**n)
+    }
+    fn value_token(&self, value: &str) -> Option<u32> {
+        self.value_numbers.get(value).copied()
+    }
+    fn value(&self, token: u32) -> Option<&str> {
+        self.values.get(token as usize).map(|v| &**v)
+    }
+    fn values(&self) -> Vec<(u32, Arc<str>)> {
+        self.values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as u32, v.clone()))
+            .collect()
+    }
+}
+
+/// A dictionary that knows nothing and writes down every name and value a
+/// rewrite asks it for: a dry run of a command through it lists exactly the
+/// names the command would store under the policy, whatever the command.
+#[derive(Default)]
+pub struct Recorder {
+    pub names: std::cell::RefCell<Vec<String>>,
+    pub values: std::cell::RefCell<Vec<String>>,
+}
+
+impl Names for Recorder {
+    fn token(&self, name: &str) -> Option<Token> {
+        let mut names = self.names.borrow_mut();
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+        None
+    }
+    fn name(&self, _: &[u8]) -> Option<&str> {
+        None
+    }
+    fn value_token(&self, value: &str) -> Option<u32> {
+        let mut values = self.values.borrow_mut();
+        if !values.iter().any(|v| v == value) {
+            values.push(value.to_owned());
+        }
+        None
+    }
+    fn value(&self, _: u32) -> Option<&str> {
+        None
+    }
+    fn values(&self) -> Vec<(u32, Arc<str>)> {
+        Vec::new()
+    }
+}
+
+// === The stored form ===
+//
+// In `<db>.__laconic`:
+//
+//   {_id: "dictionary", epoch, format: 2, cap, created, origin}
+//   {_id: "<epoch>:names/<seq>", chain: "names", epoch, seq, n, names: [...], tokens: [...], checks: [...]}
+//   {_id: "<epoch>:values/<seq>", chain: "values", epoch, seq, base, n, values: [...], checks: [...]}
+//   {_id: "migration/<collection>", direction, done, last_id, ...}
+//
+// Every entry carries a check: the first four bytes of the MD5 of the
+// dictionary's epoch, the chain, the entry and its token. A hand edit that
+// does not recompute it is found by every proxy that reads the entry.
+
+/// The collection, in each tokenized database, that holds its dictionary
+/// and the markers of its migrations.
+pub const COLLECTION: &str = "__laconic";
+/// The `_id` of a dictionary's head document.
+pub const HEAD_ID: &str = "dictionary";
+
+/// The check of one entry.
+pub fn check(epoch: Epoch, chain: &str, entry: &str, token: &str) -> i32 {
+    let mut h = Md5::new();
+    h.update(epoch.0);
+    h.update(chain.as_bytes());
+    h.update([0]);
+    h.update(entry.as_bytes());
+    h.update([0]);
+    h.update(token.as_bytes());
+    let d = h.finalize();
+    i32::from_le_bytes([d[0], d[1], d[2], d[3]])
+}
+
+/// The `_id` of chain document `seq` of the dictionary `epoch`. The
+/// identity is part of the `_id`, so that a proxy still holding a replaced
+/// dictionary can never write into the new one's documents.
+pub fn chain_id(epoch: Epoch, chain: &str, seq: i64) -> String {
+    format!("{epoch}:{chain}/{seq}")
+}
+
+/// A head document for a new dictionary.
+pub fn head_document(epoch: Epoch, cap: usize, origin: &str) -> Document {
+    doc! {
+        "epoch": epoch.to_bson(),
+        "format": FORMAT,
+        "cap": cap as i64,
+        "created": bson::DateTime::now(),
+        "origin": origin,
+    }
+}
+
+/// An empty chain document (the fields an upsert sets on insert).
+pub fn empty_chain_document(epoch: Epoch, chain: &str, seq: i64, base: i64) -> Document {
+    let mut d =
+        doc! {"chain": chain, "epoch": epoch.to_bson(), "seq": seq, "n": 0i64, "checks": []};
+    if chain == "names" {
+        d.insert("names", Bson::Array(Vec::new()));
+        d.insert("tokens", Bson::Array(Vec::new()));
+    } else {
+        d.insert("base", base);
+        d.insert("values", Bson::Array(Vec::new()));
+    }
+    d
+}
+
+/// The head of a dictionary: its identity and its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    pub epoch: Epoch,
+    pub cap: usize,
+}
+
+/// Reads a head document.
+pub fn parse_head(scope: &str, d: &Document) -> Result<Head, Integrity> {
+    let format = match d.get("format") {
+        Some(Bson::Int32(f)) => i64::from(*f),
+        Some(Bson::Int64(f)) => *f,
+        _ => 0,
+    };
+    if format != i64::from(FORMAT) {
+        return Err(Integrity::Format {
+            scope: scope.to_owned(),
+            found: format,
+        });
+    }
+    let epoch = Epoch::from_bson(d.get("epoch")).ok_or_else(|| Integrity::Edited {
+        scope: scope.to_owned(),
+        what: "its head has no identity".into(),
+    })?;
+    let cap = int(d.get("cap"))
+        .filter(|&c| c > 0)
+        .ok_or_else(|| Integrity::Edited {
+            scope: scope.to_owned(),
+            what: "its head has no cap".into(),
+        })?;
+    Ok(Head {
+        epoch,
+        cap: cap as usize,
+    })
+}
+
+fn int(v: Option<&Bson>) -> Option<i64> {
+    match v {
+        Some(Bson::Int32(x)) => Some(i64::from(*x)),
+        Some(Bson::Int64(x)) => Some(*x),
+        _ => None,
+    }
+}
+
+fn strings<'d>(d: &'d Document, key: &str) -> Option<Vec<&'d str>> {
+    d.get_array(key)
+        .ok()?
+        .iter()
+        .map(Bson::as_str)
+        .collect::<Option<Vec<_>>>()
+}
+
+fn ints(d: &Document, key: &str) -> Option<Vec<i64>> {
+    d.get_array(key)
+        .ok()?
+        .iter()
+        .map(|v| int(Some(v)))
+        .collect::<Option<Vec<_>>>()
+}
+
+/// Builds a dictionary from its head and chain documents, checking every
+/// document and entry: chain order, lengths, checks, and that token order
+/// is name order. Chain documents of another identity (left by a proxy
+/// that still held a replaced dictionary) are not part of it.
+pub fn build(scope: &str, head: Head, chain_docs: &[Document]) -> Result<Dictionary, Integrity> {
+    let edited = |what: String| Integrity::Edited {
+        scope: scope.to_owned(),
+        what,
+    };
+    let mut dict = Dictionary::empty(head.epoch, head.cap);
+    for chain in ["names", "values"] {
+        let mut docs: Vec<&Document> = chain_docs
+            .iter()
+            .filter(|d| {
+                d.get_str("chain") == Ok(chain)
+                    && Epoch::from_bson(d.get("epoch")) == Some(head.epoch)
+            })
+            .collect();
+        docs.sort_by_key(|d| int(d.get("seq")).unwrap_or(i64::MAX));
+        let mut entries: Vec<(String, Token)> = Vec::new();
+        let mut values: Vec<String> = Vec::new();
+        let mut lengths = Vec::new();
+        for (i, d) in docs.iter().enumerate() {
+            let id = d.get("_id").map(ToString::to_string).unwrap_or_default();
+            if int(d.get("seq")) != Some(i as i64) {
+                return Err(edited(format!("its {chain} chain has a gap before {id}")));
+            }
+            let n = int(d.get("n")).unwrap_or(-1);
+            let checks = ints(d, "checks").ok_or_else(|| edited(format!("{id} has no checks")))?;
+            let items = strings(d, chain).ok_or_else(|| edited(format!("{id} has no {chain}")))?;
+            let full = i + 1 < docs.len();
+            if n < 0
+                || items.len() as i64 != n
+                || checks.len() as i64 != n
+                || (full && n as usize != head.cap)
+                || n as usize > head.cap
+            {
+                return Err(edited(format!("{id} does not hold the entries it counts")));
+            }
+            if chain == "names" {
+                let tokens = strings(d, "tokens")
+                    .filter(|t| t.len() == items.len())
+                    .ok_or_else(|| edited(format!("{id} has no tokens for its names")))?;
+                for ((name, token), c) in items.iter().zip(tokens).zip(&checks) {
+                    let t = Token::from_bytes(token.as_bytes())
+                        .ok_or_else(|| edited(format!("{id} holds a malformed token")))?;
+                    if i64::from(check(head.epoch, chain, name, token)) != *c {
+                        return Err(edited(format!("the entry of {name:?} in {id} was changed")));
+                    }
+                    entries.push(((*name).to_owned(), t));
+                }
+            } else {
+                let base = int(d.get("base")).unwrap_or(-1);
+                if base != values.len() as i64 {
+                    return Err(edited(format!("{id} starts at the wrong number")));
+                }
+                for (k, (value, c)) in items.iter().zip(&checks).enumerate() {
+                    let number = (values.len() + k).to_string();
+                    if i64::from(check(head.epoch, chain, value, &number)) != *c {
+                        return Err(edited(format!("the value {value:?} in {id} was changed")));
+                    }
+                }
+                values.extend(items.iter().map(|v| (*v).to_owned()));
+            }
+            lengths.push(n as usize);
+        }
+        if chain == "names" {
+            let mut seen = HashSet::new();
+            if !entries.iter().all(|(n, _)| seen.insert(n.clone())) {
+                return Err(edited("a name is given twice".into()));
+            }
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            dict.insert_names(&entries, scope)?;
+            dict.name_chain = Chain { lengths };
+        } else {
+            dict.push_values(&values, scope)?;
+            dict.value_chain = Chain { lengths };
+        }
+    }
+    Ok(dict)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names_doc(epoch: Epoch, seq: i64, entries: &[(&str, &str)]) -> Document {
+        let mut d = empty_chain_document(epoch, "names", seq, 0);
+        d.insert("_id", chain_id(epoch, "names", seq));
+        d.insert("n", entries.len() as i64);
+        d.insert("names", entries.iter().map(|e| e.0).collect::<Vec<_>>());
+        d.insert("tokens", entries.iter().map(|e| e.1).collect::<Vec<_>>());
+        d.insert(
+            "checks",
+            entries
+                .iter()
+                .map(|(n, t)| check(epoch, "names", n, t))
+                .collect::<Vec<_>>(),
+        );
+        d
+    }
+
+    #[test]
+    fn a_well_formed_chain_builds_and_edits_are_found() {
+        let e = Epoch([7; 16]);
+        let head = Head { epoch: e, cap: 2 };
+        let docs = vec![
+            names_doc(e, 0, &[("beta", "\u{4}"), ("alpha", "\u{2}")]),
+            names_doc(e, 1, &[("gamma", "\u{6}")]),
+        ];
+        let d = build("app", head, &docs).unwrap();
+        assert_eq!(d.len(), 3);
+        assert_eq!(d.token("beta").unwrap().as_str(), "\u{4}");
+        assert_eq!(d.name(b"\x06"), Some("gamma"));
+        assert_eq!(d.neighbour_names("b"), (Some("alpha"), Some("beta")));
+
+        // A renamed entry: its check no longer matches.
+        let mut edited = docs.clone();
+        edited[0].insert("names", vec!["hijacked", "alpha"]);
+        assert!(matches!(
+            build("app", head, &edited),
+            Err(Integrity::Edited { .. })
+        ));
+        // An entry removed by hand: the count no longer matches.
+        let mut pulled = docs.clone();
+        pulled[1].insert("names", Vec::<String>::new());
+        assert!(build("app", head, &pulled).is_err());
+        // A document of another dictionary is not part of this one: the
+        // chain then has a gap.
+        let mut other = docs.clone();
+        other[0] = names_doc(Epoch([8; 16]), 0, &[("beta", "\u{4}"), ("alpha", "\u{2}")]);
+        assert!(build("app", head, &other).is_err());
+        let mut stray = docs.clone();
+        stray.push(names_doc(Epoch([8; 16]), 2, &[("delta", "\u{5}")]));
+        assert_eq!(build("app", head, &stray).unwrap().len(), 3);
+        // Tokens out of name order (consistent checks, wrong order).
+        let swapped = vec![names_doc(e, 0, &[("alpha", "\u{4}"), ("beta", "\u{2}")])];
+        assert!(build("app", head, &swapped).is_err());
+    }
+
+    #[test]
+    fn a_dictionary_read_again_may_only_grow() {
+        let e = Epoch([1; 16]);
+        let mut a = Dictionary::empty(e, 10);
+        let t = |b: &[u8]| Token::from_bytes(b).unwrap();
+        a.insert_names(&[("x".into(), t(b"\x04"))], "s").unwrap();
+        let mut b = a.clone();
+        b.insert_names(&[("y".into(), t(b"\x06"))], "s").unwrap();
+        assert!(a.is_contained_in(&b).is_ok());
+        assert!(b.is_contained_in(&a).is_err());
+        assert!(a
+            .is_contained_in(&Dictionary::empty(Epoch([2; 16]), 10))
+            .is_err());
+    }
+}

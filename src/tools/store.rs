@@ -1,0 +1,349 @@
+//! `laconic store`: a database's dictionary as an operator handles it.
+//!
+//! - `export DB` writes the dictionary (head, chain documents, mark) as one
+//!   Extended JSON document; `import DB FILE` puts one back, only onto an
+//!   empty store or onto an older state of the same dictionary (never over
+//!   another one, never going back in time).
+//! - `verify DB[.COLL]` checks the dictionary itself, then reads every
+//!   document and counts the keys that read as tokens the dictionary does
+//!   not know (a dictionary older than the data, data from another
+//!   dictionary, or keys stored before Laconic that begin with a control
+//!   byte) and unknown value tokens; it fails if it finds any.
+//! - `stats DB` and `init DB` (adopt a database whose documents predate
+//!   Laconic: it gets a dictionary although it holds documents).
+
+use std::time::Instant;
+
+use bson::{doc, Document, RawBsonRef, RawDocument, RawDocumentBuf};
+use futures::TryStreamExt;
+use mongodb::Client;
+
+use crate::token::dictionary::{Epoch, COLLECTION, HEAD_ID};
+use crate::token::namespace::{decode, value_number, Stored, VALUE_SUBTYPE};
+use crate::token::store::MARK_COLLECTION;
+use crate::token::{NameStore, Names, Policies};
+
+/// What went wrong in a store tool.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error(transparent)]
+    Driver(#[from] mongodb::error::Error),
+    #[error(transparent)]
+    Store(#[from] crate::token::StoreError),
+    #[error(transparent)]
+    Integrity(#[from] crate::token::Integrity),
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// The export format's name and version.
+const KIND: &str = "laconic-dictionary";
+
+/// A database's dictionary as one document.
+pub async fn export(client: &Client, db: &str) -> Result<Document, ToolError> {
+    let coll = client.database(db).collection::<Document>(COLLECTION);
+    let head = coll
+        .find_one(doc! {"_id": HEAD_ID})
+        .await?
+        .ok_or_else(|| ToolError::Refused(format!("{db} has no dictionary to export")))?;
+    let epoch = head.get("epoch").cloned().unwrap_or(bson::Bson::Null);
+    let chain: Vec<Document> = coll
+        .find(doc! {"chain": {"$exists": true}, "epoch": epoch})
+        .sort(doc! {"chain": 1, "seq": 1})
+        .await?
+        .try_collect()
+        .await?;
+    let mark = client
+        .database(db)
+        .collection::<Document>(MARK_COLLECTION)
+        .find_one(doc! {"_id": "mark"})
+        .await?;
+    let mut out = doc! {"kind": KIND, "format": 2, "db": db, "head": head, "chain": chain};
+    if let Some(m) = mark {
+        out.insert("mark", m);
+    }
+    Ok(out)
+}
+
+/// Puts an exported dictionary back into `db`: onto an empty store, or onto
+/// an older state of the same dictionary (every entry the store holds is in
+/// the file). Returns the chain documents written.
+pub async fn import(client: &Client, db: &str, export: &Document) -> Result<usize, ToolError> {
+    if export.get_str("kind") != Ok(KIND) {
+        return Err(ToolError::Refused("not a Laconic dictionary export".into()));
+    }
+    let head = export
+        .get_document("head")
+        .map_err(|_| ToolError::Refused("the export has no head".into()))?;
+    let chain: Vec<Document> = export
+        .get_array("chain")
+        .map(|a| a.iter().filter_map(|d| d.as_document().cloned()).collect())
+        .unwrap_or_default();
+    // The export must itself be a sound dictionary.
+    let parsed = crate::token::dictionary::parse_head(db, head)?;
+    let dict = crate::token::dictionary::build(db, parsed, &chain)?;
+
+    let coll = client.database(db).collection::<Document>(COLLECTION);
+    let mark = client
+        .database(db)
+        .collection::<Document>(MARK_COLLECTION)
+        .find_one(doc! {"_id": "mark"})
+        .await?;
+    if let Some(recorded) = mark.as_ref().and_then(|m| Epoch::from_bson(m.get("epoch"))) {
+        if recorded != dict.epoch {
+            return Err(ToolError::Refused(format!(
+                "the documents of {db} were written with dictionary {recorded}, and this export is dictionary {}",
+                dict.epoch
+            )));
+        }
+    }
+    if let Some(current) = coll.find_one(doc! {"_id": HEAD_ID}).await? {
+        let current_epoch = Epoch::from_bson(current.get("epoch"));
+        if current_epoch != Some(dict.epoch) {
+            return Err(ToolError::Refused(format!(
+                "{db} holds another dictionary ({}); an export is imported only onto an empty store or an older state of the same dictionary",
+                current_epoch.map_or("unreadable".into(), |e| e.to_string())
+            )));
+        }
+        let store = NameStore::new(client.clone(), parsed.cap, Policies::default());
+        store.refresh(db).await?;
+        if let Ok(now) = store.dictionary(db) {
+            now.is_contained_in(&dict).map_err(|why| {
+                ToolError::Refused(format!(
+                    "the export is older than the dictionary of {db} ({why}): importing it would take the dictionary back in time"
+                ))
+            })?;
+        }
+    } else if coll
+        .count_documents(doc! {"chain": {"$exists": true}})
+        .await?
+        > 0
+    {
+        return Err(ToolError::Refused(format!(
+            "{db} holds chain documents without a head: remove them, or restore the database whole"
+        )));
+    }
+    for d in &chain {
+        let id = d.get("_id").cloned().unwrap_or(bson::Bson::Null);
+        coll.replace_one(doc! {"_id": id}, d.clone())
+            .upsert(true)
+            .await?;
+    }
+    coll.replace_one(doc! {"_id": HEAD_ID}, head.clone())
+        .upsert(true)
+        .await?;
+    // The mark beside the data only ever rises: importing an older copy
+    // leaves it saying how much was given out, so proxies still refuse.
+    client
+        .database(db)
+        .collection::<Document>(MARK_COLLECTION)
+        .update_one(
+            doc! {"_id": "mark", "epoch": dict.epoch.to_bson()},
+            doc! {"$max": {"names": dict.len() as i64, "values": dict.value_count() as i64}},
+        )
+        .upsert(true)
+        .await?;
+    Ok(chain.len())
+}
+
+/// What `verify` found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Verified {
+    pub collections: usize,
+    pub documents: u64,
+    /// Documents holding a key or value token the dictionary lacks.
+    pub bad_documents: u64,
+    /// Keys that read as tokens the dictionary does not know.
+    pub unknown_tokens: u64,
+    /// Keys that begin like a token but spell none (stored before Laconic).
+    pub malformed_keys: u64,
+    pub unknown_values: u64,
+    /// The `_id`s of the first bad documents, as Extended JSON.
+    pub examples: Vec<String>,
+    pub seconds: f64,
+}
+
+impl Verified {
+    pub fn ok(&self) -> bool {
+        self.bad_documents == 0
+    }
+}
+
+/// Checks `db`'s dictionary, then every document of `coll` (or of every
+/// collection) against it.
+pub async fn verify(client: &Client, db: &str, coll: Option<&str>) -> Result<Verified, ToolError> {
+    let started = Instant::now();
+    let store = NameStore::new(client.clone(), 1000, Policies::default());
+    store.refresh(db).await?;
+    let dict = store.dictionary(db)?;
+    let database = client.database(db);
+    let names: Vec<String> = match coll {
+        Some(c) => vec![c.to_owned()],
+        None => database
+            .list_collection_names()
+            .filter(doc! {"type": "collection"})
+            .await?
+            .into_iter()
+            .filter(|n| !n.starts_with(COLLECTION) && !n.starts_with("system."))
+            .collect(),
+    };
+    let mut v = Verified {
+        collections: names.len(),
+        ..Verified::default()
+    };
+    for name in names {
+        let mut cursor = database
+            .collection::<RawDocumentBuf>(&name)
+            .find(doc! {})
+            .batch_size(1000)
+            .await?;
+        while let Some(d) = cursor.try_next().await? {
+            v.documents += 1;
+            let mut found = Found::default();
+            scan(&d, &*dict, &mut found, 0);
+            if found.any() {
+                v.bad_documents += 1;
+                v.unknown_tokens += found.unknown;
+                v.malformed_keys += found.malformed;
+                v.unknown_values += found.values;
+                if v.examples.len() < 10 {
+                    let id = d
+                        .get("_id")
+                        .ok()
+                        .flatten()
+                        .and_then(|id| bson::Bson::try_from(id.to_raw_bson()).ok())
+                        .map_or("?".into(), |id| id.into_relaxed_extjson().to_string());
+                    v.examples.push(format!("{name}: _id {id}"));
+                }
+            }
+        }
+    }
+    v.seconds = started.elapsed().as_secs_f64();
+    Ok(v)
+}
+
+#[derive(Default)]
+struct Found {
+    unknown: u64,
+    malformed: u64,
+    values: u64,
+}
+
+impl Found {
+    fn any(&self) -> bool {
+        self.unknown + self.malformed + self.values > 0
+    }
+}
+
+/// Counts the keys and values of `d` its dictionary cannot read.
+fn scan(d: &RawDocument, names: &dyn Names, found: &mut Found, depth: usize) {
+    if depth > crate::rewrite::MAX_DEPTH {
+        return;
+    }
+    for (k, v) in d.into_iter().flatten() {
+        for part in k.split('.') {
+            match decode(part) {
+                Stored::Token(t) if names.name(t.as_bytes()).is_none() => found.unknown += 1,
+                Stored::Malformed => found.malformed += 1,
+                _ => {}
+            }
+        }
+        scan_value(v, names, found, depth);
+    }
+}
+
+fn scan_value(v: RawBsonRef<'_>, names: &dyn Names, found: &mut Found, depth: usize) {
+    match v {
+        RawBsonRef::Document(d) => scan(d, names, found, depth + 1),
+        RawBsonRef::Array(a) => {
+            for x in a.into_iter().flatten() {
+                scan_value(x, names, found, depth + 1);
+            }
+        }
+        RawBsonRef::Binary(b)
+            if u8::from(b.subtype) == VALUE_SUBTYPE
+                && value_number(b.bytes).is_none_or(|n| names.value(n).is_none()) =>
+        {
+            found.values += 1
+        }
+        _ => {}
+    }
+}
+
+/// A dictionary's vital statistics, as lines of text.
+pub async fn stats(client: &Client, db: &str) -> Result<String, ToolError> {
+    let store = NameStore::new(client.clone(), 1000, Policies::default());
+    store.refresh(db).await?;
+    let dict = store.dictionary(db)?;
+    let coll = client.database(db).collection::<Document>(COLLECTION);
+    let head = coll.find_one(doc! {"_id": HEAD_ID}).await?;
+    let Some(head) = head else {
+        return Ok(format!("{db}: no dictionary\n"));
+    };
+    let token_bytes: usize = dict.entries().iter().map(|(_, t)| t.len()).sum();
+    let name_bytes: usize = dict.entries().iter().map(|(n, _)| n.len()).sum();
+    let mean = |bytes: usize| {
+        if dict.is_empty() {
+            0.0
+        } else {
+            bytes as f64 / dict.len().max(1) as f64
+        }
+    };
+    let mark = client
+        .database(db)
+        .collection::<Document>(MARK_COLLECTION)
+        .find_one(doc! {"_id": "mark"})
+        .await?;
+    Ok(format!(
+        "{db}: dictionary {}, format {}, cap {}, origin {}, created {}\n\
+         names   {:>8}  in {} chain documents; mean name {:.1} B, mean token {:.2} B\n\
+         values  {:>8}  in {} chain documents\n\
+         mark    {}\n",
+        dict.epoch,
+        head.get_i32("format").unwrap_or(0),
+        dict.cap,
+        head.get_str("origin").unwrap_or("?"),
+        head.get_datetime("created").map_or("?".into(), |d| d
+            .try_to_rfc3339_string()
+            .unwrap_or_default()),
+        dict.len(),
+        dict.name_chain.lengths.len(),
+        mean(name_bytes),
+        mean(token_bytes),
+        dict.value_count(),
+        dict.value_chain.lengths.len(),
+        mark.map_or("none".into(), |m| format!(
+            "{} names and {} values given out",
+            m.get_i64("names").unwrap_or(0),
+            m.get_i64("values").unwrap_or(0)
+        )),
+    ))
+}
+
+/// Gives a database whose documents predate Laconic a dictionary. Refused
+/// if a document holds keys that read as tokens (its dictionary may be
+/// lost: restore it instead), unless `force`.
+pub async fn init(client: &Client, db: &str, cap: usize, force: bool) -> Result<(), ToolError> {
+    if client
+        .database(db)
+        .collection::<Document>(COLLECTION)
+        .find_one(doc! {"_id": HEAD_ID})
+        .await?
+        .is_some()
+    {
+        return Err(ToolError::Refused(format!("{db} already has a dictionary")));
+    }
+    if !force {
+        let v = verify(client, db, None).await?;
+        if !v.ok() {
+            return Err(ToolError::Refused(format!(
+                "{} documents of {db} hold keys that read as tokens ({}): if they were written through Laconic, restore their dictionary instead; if they predate it, rename those keys (or give --force)",
+                v.bad_documents,
+                v.examples.join("; ")
+            )));
+        }
+    }
+    let store = NameStore::new(client.clone(), cap, Policies::default());
+    store.init(db, "adopted").await?;
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! The dictionary is the data: whatever happens to a database's dictionary
+//! (dropped, restored from an older copy, edited by hand, replaced, lost
+//! with the data), no document is ever read back under a name other than the
+//! one it was written with. Each scenario runs with a warm proxy (it read the
+//! dictionary before) and a fresh one (it never did).
+
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document};
+use laconic::downstream::ProxyHandle;
+use laconic::tools::store as tool;
+use mongodb::Collection;
+
+use crate::common::{self, db_name};
+
+async fn tokenizing(upstream: &str) -> ProxyHandle {
+    let mut config = common::proxy_config(upstream);
+    config.tokenize.min_len = 4;
+    common::start(config).await
+}
+
+async fn coll(proxy: &ProxyHandle, db: &str) -> Collection<Document> {
+    common::via_proxy(proxy).await.database(db).collection("c")
+}
+
+/// The error code and message of a command error.
+fn code_of(e: &mongodb::error::Error) -> (i32, String) {
+    match &*e.kind {
+        mongodb::error::ErrorKind::Command(c) => (c.code, c.message.clone()),
+        other => panic!("not a command error: {other:?}"),
+    }
+}
+
+/// Retries `f` for up to five seconds (a proxy re-reads its dictionaries
+/// every second) until it returns `Some`.
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(t) = f().await {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until a read through `c` is refused as `kind` says, and checks
+/// that writes are refused too.
+async fn refused(c: &Collection<Document>, text: &str) {
+    let msg = eventually(text, || async {
+        match c.find_one(doc! {}).await {
+            Err(e) => {
+                let (code, msg) = code_of(&e);
+                assert_eq!(code, 301, "{msg}");
+                msg.contains(text).then_some(msg)
+            }
+            Ok(_) => None,
+        }
+    })
+    .await;
+    assert!(msg.starts_with("laconic: "), "{msg}");
+    let (code, msg) = code_of(&c.insert_one(doc! {"brand_new_field": 1}).await.unwrap_err());
+    assert_eq!(code, 301, "{msg}");
+}
+
+/// Waits until `c` reads `expected` (documents in `_id` order).
+async fn reads(c: &Collection<Document>, expected: &[Document]) {
+    eventually("reads to come back right", || async {
+        match common::by_id_checked(c, doc! {}).await {
+            Ok(docs) if docs == expected => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+}
+
+async fn stored_count(db: &str) -> u64 {
+    common::direct()
+        .await
+        .database(db)
+        .collection::<Document>("c")
+        .count_documents(doc! {})
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_dropped_dictionary_is_refused_by_warm_and_fresh_proxies_until_it_is_imported() {
+    let db = db_name("dict_drop", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let warm = tokenizing(&common::upstream().uri).await;
+    let a = coll(&warm, &db).await;
+    let first = doc! {"_id": 1, "alpha_field": 1};
+    a.insert_one(first.clone()).await.unwrap();
+    let export = tool::export(&direct, &db).await.unwrap();
+
+    direct
+        .database(&db)
+        .collection::<Document>("__laconic")
+        .drop()
+        .await
+        .unwrap();
+
+    let fresh = tokenizing(&common::upstream().uri).await;
+    let b = coll(&fresh, &db).await;
+    refused(&b, "is gone while the database still holds documents").await;
+    refused(&a, "is gone while the database still holds documents").await;
+    assert_eq!(stored_count(&db).await, 1, "nothing was written meanwhile");
+
+    // The operator puts it back: both proxies read right, without a restart.
+    tool::import(&direct, &db, &export).await.unwrap();
+    reads(&a, std::slice::from_ref(&first)).await;
+    reads(&b, std::slice::from_ref(&first)).await;
+    b.insert_one(doc! {"_id": 2, "beta_field": 2})
+        .await
+        .unwrap();
+    reads(&a, &[first, doc! {"_id": 2, "beta_field": 2}]).await;
+}
+
+#[tokio::test]
+async fn a_dictionary_restored_from_an_older_copy_is_refused_until_the_newer_one_is_back() {
+    let db = db_name("dict_rewind", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let warm = tokenizing(&common::upstream().uri).await;
+    let a = coll(&warm, &db).await;
+    let docs = [
+        doc! {"_id": 1, "alpha_field": 1},
+        doc! {"_id": 2, "beta_field": 2},
+    ];
+    a.insert_one(docs[0].clone()).await.unwrap();
+    let older = tool::export(&direct, &db).await.unwrap();
+    a.insert_one(docs[1].clone()).await.unwrap();
+    let newer = tool::export(&direct, &db).await.unwrap();
+
+    // An older copy of the dictionary alone (what a restore of an old
+    // backup of it, or a dump taken before the data, gives).
+    let dict = direct.database(&db).collection::<Document>("__laconic");
+    dict.drop().await.unwrap();
+    tool::import(&direct, &db, &older).await.unwrap();
+
+    let fresh = tokenizing(&common::upstream().uri).await;
+    let b = coll(&fresh, &db).await;
+    refused(&a, "went back in time").await;
+    refused(&b, "went back in time").await;
+
+    // Importing the older copy again over the newer is refused; the newer
+    // one brings both back.
+    tool::import(&direct, &db, &newer).await.unwrap();
+    assert!(tool::import(&direct, &db, &older).await.is_err());
+    reads(&a, &docs).await;
+    reads(&b, &docs).await;
+}
+
+#[tokio::test]
+async fn a_dictionary_edited_by_hand_is_refused() {
+    let db = db_name("dict_edit", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let warm = tokenizing(&common::upstream().uri).await;
+    let a = coll(&warm, &db).await;
+    let first = doc! {"_id": 1, "first_name": "Ann", "last_name": "Lee"};
+    a.insert_one(first.clone()).await.unwrap();
+    let export = tool::export(&direct, &db).await.unwrap();
+    let dict = direct.database(&db).collection::<Document>("__laconic");
+
+    dict.update_one(
+        doc! {"chain": "names"},
+        doc! {"$set": {"names.0": "hijacked"}},
+    )
+    .await
+    .unwrap();
+    let fresh = tokenizing(&common::upstream().uri).await;
+    let b = coll(&fresh, &db).await;
+    refused(&a, "was changed outside Laconic").await;
+    refused(&b, "was changed outside Laconic").await;
+
+    // Emptied by hand: the mark beside the data still says it existed.
+    dict.delete_many(doc! {}).await.unwrap();
+    refused(&a, "is gone while the database still holds documents").await;
+    refused(&b, "is gone while the database still holds documents").await;
+
+    dict.drop().await.unwrap();
+    tool::import(&direct, &db, &export).await.unwrap();
+    reads(&a, std::slice::from_ref(&first)).await;
+    reads(&b, std::slice::from_ref(&first)).await;
+}
+
+#[tokio::test]
+async fn data_restored_without_its_dictionary_is_never_read_under_other_names() {
+    let (src, dst) = (
+        db_name("dict_nostore", "src"),
+        db_name("dict_nostore", "dst"),
+    );
+    let direct = common::direct().await;
+    for d in [&src, &dst] {
+        direct.database(d).drop().await.unwrap();
+    }
+    let proxy = tokenizing(&common::upstream().uri).await;
+    coll(&proxy, &src)
+        .await
+        .insert_one(doc! {"_id": 1, "alpha_field": 1})
+        .await
+        .unwrap();
+    // The data collection alone, restored into another database.
+    let stored = common::stored(&src, "c").await;
+    direct
+        .database(&dst)
+        .collection::<Document>("c")
+        .insert_many(stored)
+        .await
+        .unwrap();
+    let fresh = tokenizing(&common::upstream().uri).await;
+    for p in [&proxy, &fresh] {
+        let c = coll(p, &dst).await;
+        refused(&c, "holds documents but no dictionary").await;
+    }
+    // A new name is not given the token the stored documents already use.
+    assert_eq!(stored_count(&dst).await, 1);
+    // Adopting it is refused while its documents hold tokens.
+    let err = tool::init(&direct, &dst, 1000, false).await.unwrap_err();
+    assert!(err.to_string().contains("read as tokens"), "{err}");
+}
+
+#[tokio::test]
+async fn a_database_dropped_with_its_dictionary_is_forgotten_and_served_afresh() {
+    let db = db_name("dict_dropdb", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let warm = tokenizing(&common::upstream().uri).await;
+    let a = coll(&warm, &db).await;
+    a.insert_one(doc! {"_id": 1, "alpha_field": 1})
+        .await
+        .unwrap();
+    direct.database(&db).drop().await.unwrap();
+
+    // Another proxy writes first into the new, empty database...
+    let fresh = tokenizing(&common::upstream().uri).await;
+    let b = coll(&fresh, &db).await;
+    b.insert_one(doc! {"_id": 2, "gamma_field": 2})
+        .await
+        .unwrap();
+    // ...and the warm proxy drops what it knew and reads the new dictionary.
+    reads(&a, &[doc! {"_id": 2, "gamma_field": 2}]).await;
+    a.insert_one(doc! {"_id": 3, "alpha_field": 3, "delta_field": 3})
+        .await
+        .unwrap();
+    let expected = [
+        doc! {"_id": 2, "gamma_field": 2},
+        doc! {"_id": 3, "alpha_field": 3, "delta_field": 3},
+    ];
+    reads(&a, &expected).await;
+    reads(&b, &expected).await;
+}
+
+#[tokio::test]
+async fn a_server_wiped_under_a_running_proxy_is_served_on_with_a_new_dictionary() {
+    // A server of this test's own, in memory, restarted on the same port.
+    let first = common::launch(&["--storage", ":memory:"]);
+    let port = first.port();
+    let uri = first.uri.clone();
+    let proxy = tokenizing(&uri).await;
+    let c = coll(&proxy, "wiped").await;
+    c.insert_one(doc! {"_id": 1, "alpha_field": 1})
+        .await
+        .unwrap();
+    first.stop();
+    drop(first);
+    let _second = common::launch(&["--storage", ":memory:", "--port", &port.to_string()]);
+
+    // The proxy notices the empty server and starts afresh: no error to
+    // the client once its driver has reconnected.
+    let second_doc = doc! {"_id": 2, "beta_field": 2, "alpha_field": 2};
+    eventually("a write after the restart", || async {
+        c.insert_one(second_doc.clone()).await.ok()
+    })
+    .await;
+    reads(&c, std::slice::from_ref(&second_doc)).await;
+    let fresh = tokenizing(&uri).await;
+    reads(&coll(&fresh, "wiped").await, &[second_doc]).await;
+}
+
+#[tokio::test]
+async fn clients_cannot_write_the_dictionary_through_the_proxy() {
+    let db = db_name("dict_guard", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let proxy = tokenizing(&common::upstream().uri).await;
+    let client = common::via_proxy(&proxy).await;
+    client
+        .database(&db)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1, "first_name": "Ann"})
+        .await
+        .unwrap();
+    let dict = client.database(&db).collection::<Document>("__laconic");
+    // Reading it stays allowed, for diagnosis.
+    assert!(dict
+        .find_one(doc! {"_id": "dictionary"})
+        .await
+        .unwrap()
+        .is_some());
+
+    let attempts: Vec<(&str, Document)> = vec![
+        (
+            "insert",
+            doc! {"insert": "__laconic", "documents": [{"x": 1}]},
+        ),
+        (
+            "update",
+            doc! {"update": "__laconic", "updates": [{"q": {}, "u": {"$set": {"names.0": "hijacked"}}}]},
+        ),
+        (
+            "delete",
+            doc! {"delete": "__laconic", "deletes": [{"q": {}, "limit": 0}]},
+        ),
+        (
+            "findAndModify",
+            doc! {"findAndModify": "__laconic_mark", "query": {}, "remove": true},
+        ),
+        ("drop", doc! {"drop": "__laconic"}),
+        (
+            "createIndexes",
+            doc! {"createIndexes": "__laconic", "indexes": [{"key": {"x": 1}, "name": "x_1"}]},
+        ),
+        (
+            "insert",
+            doc! {"insert": "__laconic", "documents": [{"_id": "migration/c", "direction": "reverse", "done": true}]},
+        ),
+        (
+            "aggregate",
+            doc! {"aggregate": "c", "pipeline": [{"$out": "__laconic"}], "cursor": {}},
+        ),
+        (
+            "aggregate",
+            doc! {"aggregate": "c", "pipeline": [{"$merge": {"into": "__laconic_mark"}}], "cursor": {}},
+        ),
+    ];
+    for (name, cmd) in attempts {
+        let e = client
+            .database(&db)
+            .run_command(cmd.clone())
+            .await
+            .unwrap_err();
+        let (code, msg) = code_of(&e);
+        assert_eq!(code, 13, "{name}: {msg}");
+        assert!(
+            msg.contains("__laconic") && msg.contains("written only by"),
+            "{msg}"
+        );
+    }
+    let admin = client.database("admin");
+    for cmd in [
+        doc! {"renameCollection": format!("{db}.__laconic"), "to": format!("{db}.x")},
+        doc! {"renameCollection": format!("{db}.c"), "to": format!("{db}.__laconic_mark"), "dropTarget": true},
+        doc! {"bulkWrite": 1, "ops": [{"delete": 0, "filter": {}, "multi": true}], "nsInfo": [{"ns": format!("{db}.__laconic")}]},
+    ] {
+        let (code, msg) = code_of(&admin.run_command(cmd).await.unwrap_err());
+        assert_eq!(code, 13, "{msg}");
+    }
+    // Untouched.
+    assert_eq!(
+        common::stored(&db, "c").await.len(),
+        1,
+        "the data is as it was"
+    );
+    let names = direct
+        .database(&db)
+        .collection::<Document>("__laconic")
+        .find_one(doc! {"chain": "names"})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        names.get_array("names").unwrap(),
+        &vec![bson::Bson::from("first_name")]
+    );
+}
