@@ -4,8 +4,8 @@
 
 use bson::RawDocumentBuf;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use laconic::bench::rewrite::sample;
 use laconic::rewrite::{expand, raw};
+use laconic::tools::bench::rewrite::sample;
 
 fn rewrite(c: &mut Criterion) {
     let (logical, policy, dict) = sample();

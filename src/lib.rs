@@ -19,14 +19,12 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
-pub mod analyze;
-pub mod bench;
 pub mod capture;
 pub mod config;
+pub mod convert;
 pub mod downstream;
 pub mod error;
 pub mod locality;
-pub mod migrate;
 pub mod observe;
 pub mod rewrite;
 pub mod shutdown;

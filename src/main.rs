@@ -140,13 +140,13 @@ struct MigrateArgs {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Throughput and latency directly, through Laconic and through a TCP relay, in one run.
-    Proxy(laconic::bench::BenchArgs),
+    Proxy(laconic::tools::bench::BenchArgs),
     /// Model a range-sharded collection fed with different _id schemes.
     Shards(laconic::locality::simulate::Params),
     /// The cost of tokenizing and expanding a 1 KB document, against a plain copy.
-    Rewrite(laconic::bench::rewrite::RewriteArgs),
+    Rewrite(laconic::tools::bench::rewrite::RewriteArgs),
     /// Round trips and time the name store costs.
-    Store(laconic::bench::store::StoreArgs),
+    Store(laconic::tools::bench::store::StoreArgs),
 }
 
 #[derive(Subcommand)]
@@ -312,15 +312,17 @@ fn main() -> anyhow::Result<()> {
         Command::Replay(args) => runtime.block_on(replay(args)),
         Command::Bench(BenchCommand::Proxy(args)) => {
             init_tracing(LogFormat::Text, "warn");
-            runtime.block_on(laconic::bench::run(args))
+            runtime
+                .block_on(laconic::tools::bench::run(args))
+                .map_err(tool)
         }
         Command::Bench(BenchCommand::Rewrite(args)) => {
-            laconic::bench::rewrite::run(&args);
+            laconic::tools::bench::rewrite::run(&args);
             Ok(())
         }
-        Command::Bench(BenchCommand::Store(args)) => {
-            runtime.block_on(laconic::bench::store::run(&args))
-        }
+        Command::Bench(BenchCommand::Store(args)) => runtime
+            .block_on(laconic::tools::bench::store::run(&args))
+            .map_err(tool),
         Command::Bench(BenchCommand::Shards(params)) => {
             laconic::locality::simulate::run(&params);
             Ok(())
@@ -329,11 +331,13 @@ fn main() -> anyhow::Result<()> {
         Command::Analyze(args) => runtime.block_on(analyze(*args)),
         Command::Migrate(args) => runtime.block_on(migrate(*args)),
         Command::Store(cmd) => runtime.block_on(store(cmd)),
-        Command::Top(args) => runtime.block_on(laconic::observe::top::run(
-            &args.metrics,
-            std::time::Duration::from_secs_f64(args.interval.max(0.1)),
-            args.once,
-        )),
+        Command::Top(args) => runtime
+            .block_on(laconic::tools::top::run(
+                &args.metrics,
+                std::time::Duration::from_secs_f64(args.interval.max(0.1)),
+                args.once,
+            ))
+            .map_err(tool),
     }
 }
 
@@ -411,7 +415,7 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     };
     args.tokenize.apply(&mut config.proxy.tokenize);
     config.validate()?;
-    let opts = laconic::migrate::Options {
+    let opts = laconic::tools::migrate::Options {
         uri: args.uri,
         db: args.db,
         collection: args.collection,
@@ -421,7 +425,7 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
         tokenize: config.proxy.tokenize,
         progress: std::io::stderr().is_terminal(),
     };
-    let s = laconic::migrate::run(&opts).await?;
+    let s = laconic::tools::migrate::run(&opts).await.map_err(tool)?;
     if !opts.dry_run {
         println!(
             "migrated {}.{}: {} documents examined, {} rewritten, {} redone after concurrent writes; indexes rebuilt: {}",
@@ -441,7 +445,7 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 }
 
 async fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
-    use laconic::analyze;
+    use laconic::tools::analyze;
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
@@ -468,7 +472,9 @@ async fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     }
     let mut inputs: Vec<(String, Vec<bson::RawDocumentBuf>)> = Vec::new();
     for f in &args.files {
-        let docs = analyze::read_file(f).with_context(|| format!("reading {}", f.display()))?;
+        let docs = analyze::read_file(f)
+            .map_err(tool)
+            .with_context(|| format!("reading {}", f.display()))?;
         let label = f.file_name().map_or_else(
             || f.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
@@ -654,9 +660,10 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let mut differing = 0;
     for file in &args.files {
         let records = laconic::capture::read_capture(file)?;
-        let report = laconic::capture::replay(&records, &target, Duration::from_secs(args.timeout))
-            .await
-            .with_context(|| format!("replaying {}", file.display()))?;
+        let report =
+            laconic::tools::replay::replay(&records, &target, Duration::from_secs(args.timeout))
+                .await
+                .with_context(|| format!("replaying {}", file.display()))?;
         println!(
             "{}: {} requests, {} replies compared, {} skipped, {} differing",
             file.display(),
@@ -677,6 +684,11 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         bail!("{differing} replies differ");
     }
     Ok(())
+}
+
+/// A tool's error, for the binary's report.
+fn tool(e: laconic::tools::Error) -> anyhow::Error {
+    anyhow::Error::from_boxed(e)
 }
 
 fn init_tracing(format: LogFormat, level: &str) {

@@ -1,4 +1,4 @@
-//! Capture and replay of wire sessions.
+//! Capture of wire sessions (replayed by [`crate::tools::replay`]).
 //!
 //! A capture file holds one downstream session: every request as the driver
 //! sent it and every reply as the driver received it, decompressed, each with
@@ -12,10 +12,7 @@
 //! frame  := one complete wire message, its own header giving its length
 //! ```
 
-mod replay;
-
-pub(crate) use replay::diff_docs;
-pub use replay::{replay, Difference, ReplayReport};
+pub mod diff;
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};

@@ -321,7 +321,7 @@ impl Session {
         let cmd = rewrite::Command::from_msg(m)?;
         let names = t.store.dictionary(db)?;
         let filters = rewrite::crud::migration_filters(&cmd, db, &t.policies, &*names)?;
-        let target = crate::migrate::Target {
+        let target = crate::convert::Target {
             coll: &self.ctx.own.database(db).collection(coll),
             store: &t.store,
             db,

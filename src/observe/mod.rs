@@ -3,7 +3,6 @@
 pub mod http;
 mod metrics;
 pub mod shadow;
-pub mod top;
 
 pub use metrics::{Leg, Metrics, Way};
 pub use shadow::Shadow;

@@ -103,7 +103,7 @@ impl Shadow {
                 }
             },
         };
-        let difference = crate::capture::diff_docs(&reply, &answer, "");
+        let difference = crate::capture::diff::diff_docs(&reply, &answer, "");
         if let Some((path, _, _)) = &difference {
             warn!(
                 command,

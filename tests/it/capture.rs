@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use futures::TryStreamExt;
-use laconic::capture::{read_capture, replay, Direction};
+use laconic::capture::{read_capture, Direction};
+use laconic::tools::replay::replay;
 use laconic::upstream::UpstreamAddr;
 use laconic::wire::{Message, MsgFlags, OpMsg};
 use mongodb::Collection;

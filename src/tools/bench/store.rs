@@ -16,7 +16,7 @@ pub struct StoreArgs {
     pub cap: usize,
 }
 
-pub async fn run(args: &StoreArgs) -> anyhow::Result<()> {
+pub async fn run(args: &StoreArgs) -> crate::tools::Result<()> {
     let client = mongodb::Client::with_uri_str(&args.upstream).await?;
     let scope = "laconic_bench_store";
     let db = client.database(scope);

@@ -2,7 +2,7 @@
 //! replies that differ from the recorded ones.
 //!
 //! Fields that legitimately change from run to run are ignored (see
-//! [`VOLATILE`]); cursor ids are mapped from the recorded ones to the target's,
+//! [`crate::capture::diff::VOLATILE`]); cursor ids are mapped from the recorded ones to the target's,
 //! so `getMore` and `killCursors` follow the right cursor. Handshake replies
 //! are compared on `ok` alone, since they describe the server answering.
 //! SASL conversations cannot be replayed (their proofs are single-use) and
@@ -14,27 +14,12 @@ use std::time::Duration;
 use bson::{Bson, Document, RawDocumentBuf};
 use futures::SinkExt;
 
-use super::{Direction, Record};
+use crate::capture::diff::{diff_docs, show};
+use crate::capture::{Direction, Record};
 use crate::error::ProxyError;
 use crate::rewrite::is_hello;
 use crate::upstream::{self, UpstreamAddr};
 use crate::wire::{Frame, Message, MAX_MESSAGE_SIZE};
-
-/// Reply fields that differ between runs of the same session.
-pub const VOLATILE: &[&str] = &[
-    "$clusterTime",
-    "operationTime",
-    "localTime",
-    "connectionId",
-    "electionId",
-    "topologyVersion",
-    "lastWrite",
-    "opTime",
-    "postBatchResumeToken",
-    "clusterTime",
-    "wallTime",
-    "_data",
-];
 
 /// One reply that did not match.
 #[derive(Clone, Debug, PartialEq)]
@@ -183,7 +168,7 @@ fn compare_field(want: &Document, got: &Document, key: &str) -> Option<(String, 
     (a != b).then(|| (key.to_owned(), show(a), show(b)))
 }
 
-/// The first difference between two replies, ignoring [`VOLATILE`] fields and
+/// The first difference between two replies, ignoring [`crate::capture::diff::VOLATILE`] fields and
 /// learning the recorded → target cursor-id mapping on the way.
 fn compare(
     want: &Document,
@@ -203,83 +188,6 @@ fn compare(
 
 fn cursor_id(d: &Document) -> Option<i64> {
     d.get_document("cursor").ok()?.get_i64("id").ok()
-}
-
-pub(crate) fn diff_docs(
-    want: &Document,
-    got: &Document,
-    at: &str,
-) -> Option<(String, String, String)> {
-    let keys = |d: &Document| -> Vec<String> {
-        d.keys()
-            .filter(|k| !VOLATILE.contains(&k.as_str()))
-            .filter(|k| !(at == "cursor" && *k == "id"))
-            .cloned()
-            .collect()
-    };
-    let (wk, gk) = (keys(want), keys(got));
-    if wk != gk {
-        return Some((
-            if at.is_empty() {
-                "(keys)".into()
-            } else {
-                format!("{at} (keys)")
-            },
-            format!("{wk:?}"),
-            format!("{gk:?}"),
-        ));
-    }
-    for k in wk {
-        let path = if at.is_empty() {
-            k.clone()
-        } else {
-            format!("{at}.{k}")
-        };
-        if let Some(d) = diff_values(want.get(&k), got.get(&k), &path) {
-            return Some(d);
-        }
-    }
-    None
-}
-
-fn diff_values(
-    want: Option<&Bson>,
-    got: Option<&Bson>,
-    at: &str,
-) -> Option<(String, String, String)> {
-    match (want, got) {
-        (Some(Bson::Document(a)), Some(Bson::Document(b))) => diff_docs(a, b, at),
-        (Some(Bson::Array(a)), Some(Bson::Array(b))) => {
-            if a.len() != b.len() {
-                return Some((
-                    format!("{at} (length)"),
-                    a.len().to_string(),
-                    b.len().to_string(),
-                ));
-            }
-            a.iter()
-                .zip(b)
-                .enumerate()
-                .find_map(|(i, (x, y))| diff_values(Some(x), Some(y), &format!("{at}.{i}")))
-        }
-        (a, b) if a == b => None,
-        (a, b) => Some((at.to_owned(), show(a), show(b))),
-    }
-}
-
-fn show(v: Option<&Bson>) -> String {
-    let s = v.map_or_else(
-        || "(missing)".to_owned(),
-        |v| v.clone().into_relaxed_extjson().to_string(),
-    );
-    if s.len() > 200 {
-        format!(
-            "{}…",
-            &s[..s.char_indices().nth(200).map_or(s.len(), |(i, _)| i)]
-        )
-    } else {
-        s
-    }
 }
 
 #[cfg(test)]

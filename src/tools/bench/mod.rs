@@ -115,8 +115,8 @@ impl Op {
 
 const PRELOADED: usize = 1000;
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let addr = UpstreamAddr::parse(&args.upstream).map_err(anyhow::Error::msg)?;
+pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
+    let addr = UpstreamAddr::parse(&args.upstream).map_err(crate::tools::Error::from)?;
     let upstream_host = addr.hosts[0].clone();
     let mut config = ProxyConfig {
         listen: "127.0.0.1:0".into(),
@@ -271,7 +271,7 @@ async fn measure(
     op: Op,
     clients: usize,
     length: Duration,
-) -> anyhow::Result<Sample> {
+) -> crate::tools::Result<Sample> {
     let start = Instant::now();
     let deadline = start + length;
     let coll = Arc::new(coll);
@@ -292,7 +292,7 @@ async fn measure(
                     }
                     Op::FindOneById => {
                         let id = i % PRELOADED as i64;
-                        anyhow::ensure!(
+                        crate::tools::ensure!(
                             coll.find_one(doc! {"_id": id}).await?.is_some(),
                             "document {id} missing"
                         );
@@ -308,13 +308,17 @@ async fn measure(
                             .await?
                             .try_collect()
                             .await?;
-                        anyhow::ensure!(docs.len() == PRELOADED, "read {} documents", docs.len());
+                        crate::tools::ensure!(
+                            docs.len() == PRELOADED,
+                            "read {} documents",
+                            docs.len()
+                        );
                     }
                 }
                 latencies.push(began.elapsed());
                 i += clients as i64;
             }
-            Ok::<_, anyhow::Error>(latencies)
+            Ok::<_, crate::tools::Error>(latencies)
         }));
     }
     let mut latencies = Vec::new();

@@ -12,7 +12,7 @@ pub struct Haproxy {
 }
 
 impl Haproxy {
-    pub async fn start(upstream: &str) -> anyhow::Result<Haproxy> {
+    pub async fn start(upstream: &str) -> crate::tools::Result<Haproxy> {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
             l.local_addr()?.port()
@@ -36,7 +36,7 @@ impl Haproxy {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| {
-                anyhow::anyhow!("haproxy is not installed ({e}); apt-get install haproxy")
+                crate::tools::fail!("haproxy is not installed ({e}); apt-get install haproxy")
             })?;
         let addr = format!("127.0.0.1:{port}");
         for _ in 0..100 {
@@ -49,7 +49,7 @@ impl Haproxy {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        anyhow::bail!("haproxy did not start listening on {addr}")
+        crate::tools::bail!("haproxy did not start listening on {addr}")
     }
 }
 

@@ -277,7 +277,7 @@ pub fn view(before: &Scrape, after: &Scrape, secs: f64) -> String {
 }
 
 /// Fetches `http://host:port/metrics` (plain HTTP/1.0, the proxy's own port).
-async fn fetch(addr: &str) -> anyhow::Result<String> {
+async fn fetch(addr: &str) -> crate::tools::Result<String> {
     let mut conn =
         tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
             .await??;
@@ -287,8 +287,8 @@ async fn fetch(addr: &str) -> anyhow::Result<String> {
     tokio::time::timeout(Duration::from_secs(5), conn.read_to_string(&mut text)).await??;
     let (head, body) = text
         .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow::anyhow!("{addr}: not an HTTP reply"))?;
-    anyhow::ensure!(
+        .ok_or_else(|| crate::tools::fail!("{addr}: not an HTTP reply"))?;
+    crate::tools::ensure!(
         head.starts_with("HTTP/1.") && head.split_whitespace().nth(1) == Some("200"),
         "{addr}: {}",
         head.lines().next().unwrap_or_default()
@@ -297,7 +297,7 @@ async fn fetch(addr: &str) -> anyhow::Result<String> {
 }
 
 /// Prints the view every `interval`, or once (totals since start).
-pub async fn run(addr: &str, interval: Duration, once: bool) -> anyhow::Result<()> {
+pub async fn run(addr: &str, interval: Duration, once: bool) -> crate::tools::Result<()> {
     let addr = addr
         .trim_start_matches("http://")
         .trim_end_matches("/metrics")

@@ -266,7 +266,7 @@ pub fn analyse(
 /// Documents from a file: Extended JSON (one document, an array of them, or
 /// one per line) or BSON (one document, or a concatenation such as a
 /// mongodump `.bson` file), told apart by their first byte.
-pub fn read_file(path: &std::path::Path) -> anyhow::Result<Vec<RawDocumentBuf>> {
+pub fn read_file(path: &std::path::Path) -> crate::tools::Result<Vec<RawDocumentBuf>> {
     let bytes = std::fs::read(path)?;
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace()).copied();
     if matches!(first, Some(b'{') | Some(b'[')) {
@@ -300,12 +300,12 @@ fn legacy_binary(v: &mut serde_json::Value) {
     }
 }
 
-fn from_json(text: &str) -> anyhow::Result<Vec<RawDocumentBuf>> {
-    let to_raw = |mut v: serde_json::Value| -> anyhow::Result<RawDocumentBuf> {
+fn from_json(text: &str) -> crate::tools::Result<Vec<RawDocumentBuf>> {
+    let to_raw = |mut v: serde_json::Value| -> crate::tools::Result<RawDocumentBuf> {
         legacy_binary(&mut v);
         match bson::Bson::try_from(v)? {
             bson::Bson::Document(d) => Ok(RawDocumentBuf::from_document(&d)?),
-            other => anyhow::bail!("not a document: {other}"),
+            other => crate::tools::bail!("not a document: {other}"),
         }
     };
     match serde_json::from_str::<serde_json::Value>(text) {
@@ -320,7 +320,7 @@ fn from_json(text: &str) -> anyhow::Result<Vec<RawDocumentBuf>> {
     }
 }
 
-fn from_bson(bytes: &[u8]) -> anyhow::Result<Vec<RawDocumentBuf>> {
+fn from_bson(bytes: &[u8]) -> crate::tools::Result<Vec<RawDocumentBuf>> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < bytes.len() {
@@ -330,7 +330,7 @@ fn from_bson(bytes: &[u8]) -> anyhow::Result<Vec<RawDocumentBuf>> {
             .map(i32::from_le_bytes)
             .and_then(|n| usize::try_from(n).ok())
             .filter(|&n| n >= 5 && at + n <= bytes.len())
-            .ok_or_else(|| anyhow::anyhow!("malformed BSON at byte {at}"))?;
+            .ok_or_else(|| crate::tools::fail!("malformed BSON at byte {at}"))?;
         out.push(RawDocumentBuf::from_bytes(bytes[at..at + len].to_vec())?);
         at += len;
     }
