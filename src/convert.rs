@@ -9,7 +9,8 @@ use bson::{doc, Bson, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::Collection;
 
-use crate::rewrite::{expand, raw, tokenize};
+use crate::rewrite::mapper::paths as tokenize;
+use crate::rewrite::{expand, raw};
 use crate::token::{NameStore, Names, Policy};
 
 /// A conversion that could not be done.

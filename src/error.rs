@@ -116,6 +116,26 @@ impl ProxyError {
     }
 }
 
+/// What an error in one exchange comes to: the one policy every session
+/// follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Answer the driver with an error reply.
+    pub answer: bool,
+    /// Close the driver's connection afterwards.
+    pub close: bool,
+}
+
+/// The driver is answered when it awaits a reply it has not had, and the
+/// connection closes when the error leaves the session unusable or replies
+/// of a stream are still due upstream.
+pub fn outcome(e: &ProxyError, reply_due: bool, replies_pending: bool) -> Outcome {
+    Outcome {
+        answer: reply_due,
+        close: e.ends_session() || replies_pending,
+    }
+}
+
 /// The name of a server error code the name store may pass on.
 fn code_name(code: i32) -> &'static str {
     match code {

@@ -21,9 +21,11 @@
 
 pub mod capture;
 pub mod config;
+pub mod context;
 pub mod convert;
 pub mod downstream;
 pub mod error;
+pub mod exchange;
 pub mod locality;
 pub mod observe;
 pub mod rewrite;

@@ -1,127 +1,17 @@
 //! ① The accept loop: a connection limit, accept back-off, graceful shutdown.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dashmap::DashMap;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
 use super::session::Session;
-use crate::capture::CaptureDir;
 use crate::config::ProxyConfig;
-use crate::observe::Metrics;
-use crate::rewrite;
+use crate::context::ProxyContext;
 use crate::shutdown::Shutdown;
-use crate::token::{NameStore, Tokens};
-use crate::upstream::UpstreamAddr;
-
-/// What every session shares.
-#[derive(Debug)]
-pub struct ProxyContext {
-    pub config: ProxyConfig,
-    pub upstream: UpstreamAddr,
-    pub rewrite: rewrite::Settings,
-    pub capture: Option<CaptureDir>,
-    /// Cursor documents held back from oversized expanded batches, by the
-    /// cursor id the driver knows (any of its connections may ask for them).
-    pub held: DashMap<i64, (Instant, rewrite::cursor::Held)>,
-    /// Counters for /metrics.
-    pub metrics: Metrics,
-    /// A driver of the proxy's own to the upstream: /readyz pings through
-    /// it, and documents are brought to their stored form through it ahead
-    /// of updates while a collection migrates.
-    pub own: mongodb::Client,
-    /// The untokenized deployment reads are compared with, in shadow mode.
-    pub shadow: Option<Arc<crate::observe::Shadow>>,
-    next_session: AtomicU64,
-}
-
-impl ProxyContext {
-    pub async fn new(config: ProxyConfig) -> std::io::Result<ProxyContext> {
-        let upstream = UpstreamAddr::parse(&config.upstream)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let capture = match &config.capture_dir {
-            Some(dir) => Some(CaptureDir::create(dir)?),
-            None => None,
-        };
-        let own = own_client(&config.upstream).await?;
-        let shadow = match &config.shadow {
-            Some(s) => Some(Arc::new(
-                crate::observe::Shadow::connect(&s.uri, s.sample)
-                    .await
-                    .map_err(|e| {
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidInput,
-                            format!("shadow URI: {e}"),
-                        )
-                    })?,
-            )),
-            None => None,
-        };
-        let metrics = config.metrics;
-        Ok(ProxyContext {
-            rewrite: rewrite::Settings {
-                client_compressors: config.client_compressors(),
-                upstream_compressors: config.upstream_compressors(),
-                shard_keys: rewrite::shard_key::ShardKeys::new(config.shard_key_rules()),
-                tokens: tokens(&config).await?,
-                cursor_kinds: Default::default(),
-            },
-            upstream,
-            capture,
-            config,
-            held: DashMap::new(),
-            metrics: Metrics::new(metrics),
-            own,
-            shadow,
-            next_session: AtomicU64::new(1),
-        })
-    }
-
-    pub(crate) fn next_session_id(&self) -> u64 {
-        self.next_session.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
-/// A client that gives up on the upstream after 2 s, for readiness checks.
-async fn own_client(uri: &str) -> std::io::Result<mongodb::Client> {
-    let invalid = |e: mongodb::error::Error| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("upstream URI: {e}"),
-        )
-    };
-    let mut options = mongodb::options::ClientOptions::parse(uri)
-        .await
-        .map_err(invalid)?;
-    options.server_selection_timeout = Some(Duration::from_secs(2));
-    options.connect_timeout = Some(Duration::from_secs(2));
-    options.app_name = Some("laconic".into());
-    mongodb::Client::with_options(options).map_err(invalid)
-}
-
-/// The name store's client and the tokenization policy, when tokenization is on.
-async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
-    let t = &config.tokenize;
-    let policies = t.policies();
-    if !policies.is_active() {
-        return Ok(None);
-    }
-    let uri = t.store_uri.as_deref().unwrap_or(&config.upstream);
-    let client = mongodb::Client::with_uri_str(uri).await.map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("name store client: {e}"),
-        )
-    })?;
-    let store = NameStore::new(client, t.cap, policies.clone())
-        .with_legacy(&t.store_db, &t.store_collection);
-    Ok(Some(Tokens { policies, store }))
-}
 
 /// A bound, not yet running proxy.
 pub struct Proxy {
@@ -184,7 +74,7 @@ impl Proxy {
     /// tracker, so [`Shutdown::drain`] waits for them.
     pub async fn run(mut self) {
         if let Some(l) = self.metrics_listener.take() {
-            tokio::spawn(crate::observe::http::serve(
+            tokio::spawn(super::http::serve(
                 l,
                 self.ctx.clone(),
                 self.shutdown.clone(),

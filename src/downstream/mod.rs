@@ -1,6 +1,8 @@
-//! ① accept, ② read frame, ⑧ write back: the driver-facing side.
+//! ① accept, ② read frame, ⑧ write back: the driver-facing side, and the
+//! sidecar's HTTP port (`/metrics`, `/healthz`, `/readyz`).
 
+pub mod http;
 pub mod listener;
 pub mod session;
 
-pub use listener::{Proxy, ProxyContext, ProxyHandle};
+pub use listener::{Proxy, ProxyHandle};

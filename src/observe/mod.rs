@@ -1,6 +1,6 @@
-//! Observability for sidecars: counters and the HTTP port that serves them.
+//! Observability for sidecars: the counters `/metrics` serves, and shadow
+//! mode's comparisons.
 
-pub mod http;
 mod metrics;
 pub mod shadow;
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bson::{Document, RawDocument};
 use tracing::{debug, warn};
 
-use crate::downstream::ProxyContext;
+use super::Metrics;
 
 /// The shadow deployment and how often to ask it.
 #[derive(Debug)]
@@ -73,13 +73,8 @@ impl Shadow {
 
     /// Sends the logical command to the shadow and compares its answer with
     /// `reply`, the one the driver got.
-    pub async fn check(
-        self: Arc<Self>,
-        request: Document,
-        reply: Document,
-        ctx: Arc<ProxyContext>,
-    ) {
-        let metrics = &ctx.metrics;
+    pub async fn check(self: Arc<Self>, request: Document, reply: Document, metrics: Arc<Metrics>) {
+        let metrics = &*metrics;
         let command = request.keys().next().cloned().unwrap_or_default();
         let db = request.get_str("$db").unwrap_or("admin").to_owned();
         let mut cmd = request;

@@ -79,6 +79,7 @@ pub(super) fn request(
         None if !legs.handshaken && !settings.upstream_compressors.is_empty() => Vec::new(),
         None => {
             return Ok(Rewritten {
+                misses: Default::default(),
                 frame: None,
                 plan: ReplyPlan::Hello(HelloPlan {
                     negotiates: false,
@@ -119,6 +120,7 @@ pub(super) fn request(
         _ => unreachable_message()?,
     };
     Ok(Rewritten {
+        misses: Default::default(),
         frame: Some(frame.clone().with_message(message)),
         plan: ReplyPlan::Hello(plan),
     })

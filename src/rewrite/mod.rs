@@ -5,23 +5,25 @@
 //! together with a [`ReplyPlan`] saying what the replies to it need. [`reply`]
 //! applies that plan to each reply. Neither does any I/O.
 
+pub mod catalogue;
 mod command;
-pub mod crud;
 pub mod cursor;
 pub mod expand;
 mod guard;
 mod hello;
-mod pipeline;
+pub mod mapper;
+pub mod names;
 pub mod raw;
 pub mod shard_key;
-pub mod tokenize;
 
 use bson::RawBsonRef;
 
 use crate::error::ProxyError;
 use crate::token::{Integrity, Migration, Tokens};
 use crate::wire::{Compressor, Frame, Message, OpMsg};
+use catalogue::Replies;
 pub use command::Command;
+use names::{Misses, Noting};
 use shard_key::{ReplyNeeds, ShardKeys};
 
 pub use hello::{is_hello, MAX_WIRE_VERSION};
@@ -41,18 +43,23 @@ pub struct Settings {
     pub shard_keys: ShardKeys,
     /// Name tokenization, when on.
     pub tokens: Option<Tokens>,
-    /// Cursors whose batches are not plain documents (index specs,
-    /// collection options, change events), by cursor id, so that their
-    /// `getMore` replies are read the same way as their first batch.
-    pub cursor_kinds: std::sync::Arc<dashmap::DashMap<i64, expand::Strings>>,
+}
+
+/// How the batches of a cursor the proxy saw opened are read (plain
+/// documents when it does not know the cursor).
+pub type CursorKinds<'a> = &'a dyn Fn(i64) -> Option<expand::Strings>;
+
+/// What a reply said of its cursor, for the cursor table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CursorFact {
+    /// A cursor that stays open, and how its batches are read.
+    pub open: Option<(i64, expand::Strings)>,
+    /// A cursor the reply closed.
+    pub closed: Option<i64>,
 }
 
 /// How the string values of a command's replies are to be read.
-fn strings_of(
-    name: &str,
-    body: &bson::RawDocument,
-    cursor_kinds: &dashmap::DashMap<i64, expand::Strings>,
-) -> expand::Strings {
+fn strings_of(name: &str, body: &bson::RawDocument, kinds: CursorKinds<'_>) -> expand::Strings {
     use expand::Strings;
     let first_stage = || {
         body.get_array("pipeline")
@@ -68,25 +75,25 @@ fn strings_of(
             })
             .map(|(k, _)| k.to_owned())
     };
-    match name {
-        "listCollections" | "listIndexes" | "explain" => Strings::Paths,
-        _ if body.get_bool("explain").unwrap_or(false) => Strings::Paths,
-        "aggregate" => match first_stage().as_deref() {
+    if body.get_bool("explain").unwrap_or(false) {
+        return Strings::Paths;
+    }
+    match catalogue::lookup(name).map(|e| e.replies) {
+        Some(Replies::Paths) => Strings::Paths,
+        Some(Replies::Writes) => Strings::Writes,
+        Some(Replies::Pipeline) => match first_stage().as_deref() {
             Some("$changeStream") => Strings::Events,
             Some("$indexStats" | "$collStats" | "$listSearchIndexes" | "$planCacheStats") => {
                 Strings::Paths
             }
             _ => Strings::Data,
         },
-        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite" => {
-            Strings::Writes
-        }
-        "getMore" => body
+        Some(Replies::Cursor) => body
             .get_i64("getMore")
             .ok()
-            .and_then(|id| cursor_kinds.get(&id).map(|k| *k))
+            .and_then(kinds)
             .unwrap_or_default(),
-        _ => Strings::Data,
+        Some(Replies::Data) | None => Strings::Data,
     }
 }
 
@@ -127,6 +134,18 @@ pub struct LegState {
 pub struct Rewritten {
     pub frame: Option<Frame>,
     pub plan: ReplyPlan,
+    /// What the rewrite asked of the dictionaries and did not find.
+    pub misses: Misses,
+}
+
+impl Rewritten {
+    fn unchanged(plan: ReplyPlan) -> Rewritten {
+        Rewritten {
+            frame: None,
+            plan,
+            misses: Misses::default(),
+        }
+    }
 }
 
 /// Refuses a request no client may make through the proxy (writing a
@@ -143,6 +162,7 @@ pub fn request(
     frame: &Frame,
     settings: &Settings,
     legs: &LegState,
+    kinds: CursorKinds<'_>,
 ) -> Result<Rewritten, ProxyError> {
     let name = frame.command_name();
     if let Message::Query(q) = frame.message() {
@@ -161,12 +181,9 @@ pub fn request(
         (Some(_), Message::Msg(m))
             if !settings.shard_keys.is_empty() || settings.tokens.is_some() =>
         {
-            rewrite_command(m, frame, settings)
+            rewrite_command(m, frame, settings, kinds)
         }
-        _ => Ok(Rewritten {
-            frame: None,
-            plan: ReplyPlan::Forward,
-        }),
+        _ => Ok(Rewritten::unchanged(ReplyPlan::Forward)),
     }
 }
 
@@ -190,7 +207,7 @@ pub fn token_scope(m: &OpMsg, settings: &Settings) -> Result<Option<String>, Pro
             .map(str::to_owned));
     }
     let cmd = Command::from_msg(m)?;
-    let mut dbs: Vec<String> = crud::bulk_write_namespaces(&cmd)
+    let mut dbs: Vec<String> = mapper::bulk_write_namespaces(&cmd)
         .into_iter()
         .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
         .filter(|db| t.policies.applies_to(db))
@@ -206,7 +223,12 @@ pub fn token_scope(m: &OpMsg, settings: &Settings) -> Result<Option<String>, Pro
     }
 }
 
-fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewritten, ProxyError> {
+fn rewrite_command(
+    m: &OpMsg,
+    frame: &Frame,
+    settings: &Settings,
+    kinds: CursorKinds<'_>,
+) -> Result<Rewritten, ProxyError> {
     let keys = &settings.shard_keys;
     let body = m.body();
     let (name, collection) = match body.iter().next() {
@@ -226,7 +248,7 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
         },
         expand: scope.map(str::to_owned),
         strings: match scope {
-            Some(_) => strings_of(name, body, &settings.cursor_kinds),
+            Some(_) => strings_of(name, body, kinds),
             None => expand::Strings::Data,
         },
         get_more: (name == "getMore")
@@ -234,7 +256,7 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
             .flatten(),
     };
     if scope.is_none() && tokens.is_some() && db == Some("admin") {
-        rules.strings = cluster_stream(name, body, &settings.cursor_kinds)?;
+        rules.strings = cluster_stream(name, body, kinds)?;
     }
     // A stream over a whole database or the cluster would show the changes
     // of the dictionaries (`__laconic`): the proxy's own bookkeeping.
@@ -248,28 +270,31 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
         } else {
             ReplyPlan::Rewrite(rules)
         };
-        return Ok(Rewritten { frame: None, plan });
+        return Ok(Rewritten::unchanged(plan));
     }
-    // The hot write path: inserted documents go raw to raw, and every name
-    // they hold was allocated before the rewrite, so no lookup can change
-    // its answer while it runs.
+    let misses = std::cell::RefCell::new(Misses::default());
+    // The hot write path: inserted documents go raw to raw, against one
+    // snapshot of the dictionary.
     if let (false, "insert", Some(t), Some(scope)) = (concerns, name, tokens, scope) {
         let coll = collection.unwrap_or_default();
         if t.policies.migration(scope, coll) == Some(Migration::Reverse) {
             // `laconic migrate --reverse` is writing it back to full names.
-            return Ok(Rewritten {
-                frame: None,
-                plan: ReplyPlan::Rewrite(rules),
-            });
+            return Ok(Rewritten::unchanged(ReplyPlan::Rewrite(rules)));
         }
         let policy = t.policies.get(scope, coll);
-        let names = t.store.dictionary(scope)?;
-        let msg = raw::insert(m, policy, &*names).map_err(|e| {
+        let names = Noting {
+            inner: t.store.dictionary(scope)?,
+            db: scope,
+            misses: &misses,
+            storing: true,
+        };
+        let msg = raw::insert(m, policy, &names).map_err(|e| {
             ProxyError::Unsupported(format!("an insert that is not valid BSON: {e}"))
         })?;
         return Ok(Rewritten {
             frame: Some(frame.clone().with_message(Message::Msg(msg))),
             plan: ReplyPlan::Rewrite(rules),
+            misses: misses.into_inner(),
         });
     }
     let mut cmd = Command::from_msg(m)?;
@@ -290,13 +315,29 @@ fn rewrite_command(m: &OpMsg, frame: &Frame, settings: &Settings) -> Result<Rewr
         }
     }
     if let (Some(t), Some(scope)) = (tokens, scope) {
-        let names = t.store.dictionary(scope)?;
-        crud::command(&mut cmd, scope, &t.policies, &*names)?;
+        let dict = t.store.dictionary(scope)?;
+        let noting = |storing| Noting {
+            inner: dict.clone(),
+            db: scope,
+            misses: &misses,
+            storing,
+        };
+        let (read, store) = (noting(false), noting(true));
+        mapper::command(
+            &mut cmd,
+            scope,
+            &t.policies,
+            mapper::Lookup {
+                read: &read,
+                store: &store,
+            },
+        )?;
     }
     let msg = cmd.into_msg(m)?;
     Ok(Rewritten {
         frame: Some(frame.clone().with_message(Message::Msg(msg))),
         plan: ReplyPlan::Rewrite(rules),
+        misses: misses.into_inner(),
     })
 }
 
@@ -323,14 +364,14 @@ fn opens_change_stream(body: &bson::RawDocument) -> bool {
 fn cluster_stream(
     name: &str,
     body: &bson::RawDocument,
-    cursor_kinds: &dashmap::DashMap<i64, expand::Strings>,
+    kinds: CursorKinds<'_>,
 ) -> Result<expand::Strings, ProxyError> {
     use expand::Strings;
     if name == "getMore" {
         return Ok(body
             .get_i64("getMore")
             .ok()
-            .and_then(|id| cursor_kinds.get(&id).map(|k| *k))
+            .and_then(kinds)
             .unwrap_or_default());
     }
     if name != "aggregate" {
@@ -418,27 +459,25 @@ fn expand_cluster_events(
     command::to_raw(&doc).map(Some)
 }
 
-/// Records the kind of a cursor that stays open; forgets it once closed.
-fn remember_cursor(
-    body: &bson::RawDocument,
-    rules: &ReplyRules,
-    cursor_kinds: &dashmap::DashMap<i64, expand::Strings>,
-) {
+/// What a reply says of its cursor: the kind of one that stays open, or
+/// the end of the one a `getMore` continued.
+fn cursor_fact(body: &bson::RawDocument, rules: &ReplyRules) -> CursorFact {
     let Some(id) = body
         .get_document("cursor")
         .ok()
         .and_then(|c| c.get_i64("id").ok())
     else {
-        return;
+        return CursorFact::default();
     };
     match (id, rules.get_more) {
-        (0, Some(done)) => {
-            cursor_kinds.remove(&done);
-        }
-        (0, None) => {}
-        (id, _) => {
-            cursor_kinds.insert(id, rules.strings);
-        }
+        (0, done) => CursorFact {
+            open: None,
+            closed: done,
+        },
+        (id, _) => CursorFact {
+            open: Some((id, rules.strings)),
+            closed: None,
+        },
     }
 }
 
@@ -464,18 +503,24 @@ pub fn inserted_bytes(m: &OpMsg) -> usize {
     in_body + in_sequences
 }
 
-/// A rewritten reply, and the cursor documents it could not carry.
+/// A rewritten reply, the cursor documents it could not carry, and what it
+/// said of its cursor.
 #[derive(Debug)]
 pub struct Replied {
     pub frame: Frame,
     /// Held back for the cursor's next `getMore`, under the id the driver
     /// now knows the cursor by.
     pub held: Option<(i64, cursor::Held)>,
+    pub cursor: CursorFact,
 }
 
 impl From<Frame> for Replied {
     fn from(frame: Frame) -> Replied {
-        Replied { frame, held: None }
+        Replied {
+            frame,
+            held: None,
+            cursor: CursorFact::default(),
+        }
     }
 }
 
@@ -486,6 +531,7 @@ pub fn reply(
     legs: &mut LegState,
     settings: &Settings,
 ) -> Result<Replied, ProxyError> {
+    let mut fact = CursorFact::default();
     match plan {
         ReplyPlan::Forward => Ok(frame.into()),
         ReplyPlan::Hello(h) => hello::reply(frame, h, legs).map(Replied::from),
@@ -496,14 +542,13 @@ pub fn reply(
             // Tokens first, raw bytes to raw bytes, so that shard-key rules
             // see logical names.
             let mut body: Option<bson::RawDocumentBuf> = None;
+            if rules.strings != expand::Strings::Data {
+                fact = cursor_fact(m.body(), rules);
+            }
             if let (expand::Strings::ClusterEvents, Some(t)) = (rules.strings, &settings.tokens) {
-                remember_cursor(m.body(), rules, &settings.cursor_kinds);
                 body = expand_cluster_events(m.body(), t)?;
             }
             if let (Some(scope), Some(t)) = (&rules.expand, &settings.tokens) {
-                if rules.strings != expand::Strings::Data {
-                    remember_cursor(m.body(), rules, &settings.cursor_kinds);
-                }
                 if rules.strings != expand::Strings::Data || raw::needed(m.body().as_bytes()) {
                     let names = t.store.dictionary(scope)?;
                     let expanded = expand::raw_document_with(m.body(), &*names, rules.strings)
@@ -524,7 +569,10 @@ pub fn reply(
                 }
             }
             let Some(mut body) = body else {
-                return Ok(frame.into());
+                return Ok(Replied {
+                    cursor: fact,
+                    ..frame.into()
+                });
             };
             // Expansion makes replies larger. A cursor batch is cut to the
             // server's own limit and the rest held back (`cursor`), unless
@@ -548,6 +596,7 @@ pub fn reply(
             Ok(Replied {
                 frame: frame.with_message(Message::Msg(m)),
                 held,
+                cursor: fact,
             })
         }
     }

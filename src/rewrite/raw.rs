@@ -506,7 +506,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::rewrite::tokenize;
+    use crate::rewrite::mapper::paths as tokenize;
     use crate::token::Dictionary;
 
     fn policy() -> Policy {

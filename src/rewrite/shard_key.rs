@@ -17,6 +17,7 @@
 use bson::spec::BinarySubtype;
 use bson::{doc, oid::ObjectId, Binary, Bson, Document};
 
+use super::catalogue::{self, Slot};
 use super::command::Command;
 use crate::error::ProxyError;
 use crate::locality::{self, Mode};
@@ -240,79 +241,66 @@ impl ShardKeys {
                 let Some(Some(rule)) = idx.and_then(|i| namespaces.get(i)) else {
                     continue;
                 };
-                match kind.as_str() {
-                    "insert" => {
-                        if let Ok(d) = op.get_document_mut("document") {
-                            document(rule, d);
-                        }
-                    }
-                    "update" => {
-                        let upsert = op.get_bool("upsert").unwrap_or(false);
-                        write_op(rule, op, "filter", "updateMods", upsert)?;
-                    }
-                    "delete" => write_op(rule, op, "filter", "", false)?,
-                    _ => {}
-                }
+                slots(rule, catalogue::bulk_op_slots(&kind), op)?;
             }
         }
         Ok(())
     }
 }
 
-/// Rewrites one command addressed to `rule`'s collection.
+/// Rewrites one command addressed to `rule`'s collection, slot by slot as
+/// the catalogue lists them.
 fn command(rule: &Rule, name: &str, body: &mut Document) -> Result<(), ProxyError> {
-    match name {
-        "insert" => {
-            if let Ok(docs) = body.get_array_mut("documents") {
-                for d in docs.iter_mut() {
+    match catalogue::lookup(name) {
+        Some(entry) => slots(rule, entry.slots, body),
+        None => Ok(()),
+    }
+}
+
+fn slots(rule: &Rule, list: &[Slot], body: &mut Document) -> Result<(), ProxyError> {
+    for slot in list {
+        match *slot {
+            Slot::Filter(k) => filter_at(rule, body, k)?,
+            Slot::Documents(k) => {
+                for d in body.get_array_mut(k).into_iter().flatten() {
                     if let Bson::Document(d) = d {
                         document(rule, d);
                     }
                 }
             }
-        }
-        "update" => {
-            if let Ok(ups) = body.get_array_mut("updates") {
-                for u in ups.iter_mut() {
-                    if let Bson::Document(u) = u {
-                        let upsert = u.get_bool("upsert").unwrap_or(false);
-                        write_op(rule, u, "q", "u", upsert)?;
+            Slot::Document(k) => {
+                if let Ok(d) = body.get_document_mut(k) {
+                    document(rule, d);
+                }
+            }
+            Slot::Update { filter, update } => {
+                let upsert = body.get_bool("upsert").unwrap_or(false);
+                write_op(rule, body, filter, update, upsert)?;
+            }
+            Slot::Sort(k) => sort_at(rule, body, k)?,
+            Slot::Keys(k @ ("min" | "max")) => bounds(rule, body, k)?,
+            Slot::Pipeline(k) => {
+                for stage in body.get_array_mut(k).into_iter().flatten() {
+                    if let Bson::Document(stage) = stage {
+                        filter_at(rule, stage, "$match")?;
+                        sort_at(rule, stage, "$sort")?;
                     }
                 }
             }
-        }
-        "delete" => {
-            if let Ok(dels) = body.get_array_mut("deletes") {
-                for d in dels.iter_mut() {
+            Slot::Each(k, inner) => {
+                for d in body.get_array_mut(k).into_iter().flatten() {
                     if let Bson::Document(d) = d {
-                        write_op(rule, d, "q", "", false)?;
+                        slots(rule, inner, d)?;
                     }
                 }
             }
-        }
-        "find" => {
-            filter_at(rule, body, "filter")?;
-            sort_at(rule, body, "sort")?;
-            bounds(rule, body)?;
-        }
-        "findAndModify" | "findandmodify" => {
-            sort_at(rule, body, "sort")?;
-            let upsert = body.get_bool("upsert").unwrap_or(false);
-            write_op(rule, body, "query", "update", upsert)?;
-        }
-        "count" | "distinct" => filter_at(rule, body, "query")?,
-        "aggregate" => {
-            if let Ok(stages) = body.get_array_mut("pipeline") {
-                for stage in stages.iter_mut() {
-                    let Bson::Document(stage) = stage else {
-                        continue;
-                    };
-                    filter_at(rule, stage, "$match")?;
-                    sort_at(rule, stage, "$sort")?;
+            Slot::Within(k, inner) => {
+                if let Ok(d) = body.get_document_mut(k) {
+                    slots(rule, inner, d)?;
                 }
             }
+            _ => {}
         }
-        _ => {}
     }
     Ok(())
 }
@@ -519,15 +507,13 @@ fn sort_at(rule: &Rule, parent: &Document, key: &str) -> Result<(), ProxyError> 
     Ok(())
 }
 
-fn bounds(rule: &Rule, body: &Document) -> Result<(), ProxyError> {
-    for key in ["min", "max"] {
-        if rule.strategy == Strategy::Replace
-            && body
-                .get_document(key)
-                .is_ok_and(|b| b.contains_key(&rule.field))
-        {
-            return Err(rule.refuse(&format!("an index bound ({key})")));
-        }
+fn bounds(rule: &Rule, body: &Document, key: &str) -> Result<(), ProxyError> {
+    if rule.strategy == Strategy::Replace
+        && body
+            .get_document(key)
+            .is_ok_and(|b| b.contains_key(&rule.field))
+    {
+        return Err(rule.refuse(&format!("an index bound ({key})")));
     }
     Ok(())
 }

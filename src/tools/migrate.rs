@@ -32,7 +32,8 @@ use mongodb::{Client, Collection, Database};
 
 use crate::config::TokenizeConfig;
 use crate::convert::Target;
-use crate::rewrite::{expand, tokenize};
+use crate::rewrite::expand;
+use crate::rewrite::mapper::paths as tokenize;
 use crate::token::{NameStore, Policy};
 
 /// What to migrate, and how.

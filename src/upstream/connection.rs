@@ -7,7 +7,7 @@ use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
 use crate::error::ProxyError;
-use crate::wire::{Frame, MessageCodec};
+use crate::wire::{Compressor, Frame, MessageCodec};
 
 /// The hosts named by a `mongodb://` URI.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +78,84 @@ pub async fn connect(
         addr: addr.hosts.join(","),
         reason: last,
     })
+}
+
+/// A session's upstream leg: its connection, opened on the first request
+/// that needs it, and the compressor the handshake settled on.
+pub struct Leg {
+    addr: UpstreamAddr,
+    timeout: Duration,
+    max_message_size: usize,
+    conn: Option<UpstreamConn>,
+    /// Ids of the requests the proxy itself sends on this connection.
+    next_own_id: i32,
+}
+
+impl Leg {
+    pub fn new(addr: UpstreamAddr, timeout: Duration, max_message_size: usize) -> Leg {
+        Leg {
+            addr,
+            timeout,
+            max_message_size,
+            conn: None,
+            next_own_id: i32::MIN,
+        }
+    }
+
+    async fn conn(&mut self) -> Result<&mut UpstreamConn, ProxyError> {
+        if self.conn.is_none() {
+            self.conn = Some(connect(&self.addr, self.timeout, self.max_message_size).await?);
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| ProxyError::Internal("no upstream connection".into()))
+    }
+
+    /// Sends a frame, compressed with `compressor` when one is given.
+    pub async fn send(
+        &mut self,
+        frame: Frame,
+        compressor: Option<Compressor>,
+    ) -> Result<usize, ProxyError> {
+        let frame = match compressor {
+            Some(c) => frame
+                .compress(c)
+                .map_err(|e| ProxyError::Internal(e.to_string()))?,
+            None => frame,
+        };
+        let len = frame.header.length as usize;
+        send(self.conn().await?, frame).await?;
+        Ok(len)
+    }
+
+    /// The next reply, as it came (a caller decompresses it). Cancellation
+    /// safe: a partly read frame stays buffered in the codec.
+    pub async fn next_reply(&mut self) -> Result<Frame, ProxyError> {
+        match self.conn.as_mut() {
+            Some(c) => next_reply(c).await,
+            None => Err(ProxyError::Internal("no upstream connection".into())),
+        }
+    }
+
+    /// Runs a command of the proxy's own on this session's connection (with
+    /// the session's authentication): its reply body.
+    pub async fn command(
+        &mut self,
+        body: &bson::RawDocument,
+    ) -> Result<bson::RawDocumentBuf, ProxyError> {
+        let id = self.next_own_id;
+        self.next_own_id = self.next_own_id.wrapping_add(1);
+        let msg = crate::wire::OpMsg::from_body(crate::wire::MsgFlags::default(), body);
+        let conn = self.conn().await?;
+        send(conn, Frame::new(id, 0, crate::wire::Message::Msg(msg))).await?;
+        let reply = next_reply(conn).await?;
+        match reply.op_msg() {
+            Some(m) if reply.header.response_to == id => Ok(m.body().to_owned()),
+            _ => Err(ProxyError::UpstreamLost(
+                "the upstream answered the proxy's own command out of turn".into(),
+            )),
+        }
+    }
 }
 
 /// Sends one frame upstream.

@@ -2,4 +2,4 @@
 
 mod connection;
 
-pub use connection::{connect, next_reply, send, UpstreamAddr, UpstreamConn};
+pub use connection::{connect, next_reply, send, Leg, UpstreamAddr, UpstreamConn};

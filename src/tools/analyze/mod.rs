@@ -240,8 +240,8 @@ pub fn analyse(
     let mut values = Vec::new();
     for d in docs {
         if let Ok(owned) = bson::Document::try_from(d.as_ref()) {
-            crate::rewrite::tokenize::collect_names(&owned, policy, &mut names);
-            crate::rewrite::tokenize::collect_values(&owned, policy, &mut values);
+            crate::rewrite::mapper::paths::collect_names(&owned, policy, &mut names);
+            crate::rewrite::mapper::paths::collect_values(&owned, policy, &mut values);
         }
     }
     dict.add_names(&names);

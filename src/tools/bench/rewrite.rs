@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document, RawDocumentBuf};
 
-use crate::rewrite::{expand, raw, tokenize};
+use crate::rewrite::mapper::paths as tokenize;
+use crate::rewrite::{expand, raw};
 use crate::token::{Dictionary, Policy};
 
 #[derive(clap::Args, Debug, Clone)]

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
-use crate::downstream::ProxyContext;
+use crate::context::ProxyContext;
 use crate::shutdown::Shutdown;
 
 /// Serves until shutdown.

@@ -1,0 +1,56 @@
+//! While `laconic migrate` rewrites a collection, an operator or pipeline
+//! update could meet a document still in the other form and write beside
+//! its fields: the documents its filters match are converted first, the way
+//! the migration converts them (one conditional update each), so that the
+//! update meets the stored form only.
+
+use tracing::debug;
+
+use crate::context::ProxyContext;
+use crate::convert::Target;
+use crate::error::ProxyError;
+use crate::rewrite;
+use crate::token::Migration;
+use crate::wire::OpMsg;
+
+pub(super) async fn convert_ahead(
+    ctx: &ProxyContext,
+    m: &OpMsg,
+    command: &str,
+) -> Result<(), ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(());
+    };
+    if !matches!(command, "update" | "findAndModify" | "findandmodify") {
+        return Ok(());
+    }
+    // Read from the raw body: only a migrating collection's updates are parsed.
+    let body = m.body();
+    let (Ok(db), Some(Ok((_, bson::RawBsonRef::String(coll))))) =
+        (body.get_str("$db"), body.iter().next())
+    else {
+        return Ok(());
+    };
+    let Some(migration) = t.policies.migration(db, coll) else {
+        return Ok(());
+    };
+    let cmd = rewrite::Command::from_msg(m)?;
+    let names = t.store.dictionary(db)?;
+    let filters = rewrite::mapper::migration_filters(&cmd, db, &t.policies, &*names)?;
+    let target = Target {
+        coll: &ctx.own.database(db).collection(coll),
+        store: &t.store,
+        db,
+        policy: t.policies.get(db, coll),
+        reverse: migration == Migration::Reverse,
+    };
+    for filter in filters {
+        let n = target.convert_matching(filter).await.map_err(|e| {
+            ProxyError::Migration(format!(
+                "{db}.{coll} is being migrated, and the documents this update matches could not be brought to one form first: {e}"
+            ))
+        })?;
+        debug!(db, coll, documents = n, "converted ahead of an update");
+    }
+    Ok(())
+}

@@ -1,0 +1,275 @@
+//! One request and its replies: the I/O half of rewriting.
+//!
+//! A session hands each request to an [`Exchange`]: [`Exchange::begin`]
+//! decodes it, [`Exchange::request`] decides what goes upstream (or answers
+//! it from the cursor table), and [`Exchange::reply`] turns each reply back
+//! into what the driver must see. Between them, the exchange does what the
+//! pure rewriters ([`crate::rewrite`]) cannot: it reads and grows
+//! dictionaries ([`tokens`]), converts documents ahead of an update while a
+//! collection migrates ([`migration`]), keeps cursor state
+//! ([`CursorTable`]), and feeds metrics and shadow mode. How an error ends
+//! an exchange is decided in one place, [`crate::error::outcome`].
+
+mod auth;
+mod cursors;
+mod migration;
+mod tokens;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bson::RawDocumentBuf;
+use tracing::warn;
+
+pub use auth::RequiresAuth;
+pub use cursors::CursorTable;
+
+use crate::context::ProxyContext;
+use crate::error::{ProxyError, Side};
+use crate::observe::Metrics;
+use crate::rewrite::{self, LegState, ReplyPlan};
+use crate::wire::{may_compress, Compressor, Frame, Message};
+use tokens::Gate;
+
+/// What a session keeps between exchanges.
+#[derive(Debug, Default)]
+pub struct SessionState {
+    /// The handshake's outcome on both legs.
+    pub legs: LegState,
+    /// What the proxy knows of the client's authentication.
+    pub auth: auth::Auth,
+}
+
+/// What to do with a request.
+pub enum Step {
+    /// The proxy answers it itself, with this body.
+    Answer(RawDocumentBuf),
+    /// This goes upstream.
+    Forward(Frame),
+}
+
+/// One request, from its decoding to its last reply.
+pub struct Exchange {
+    /// The request, decompressed.
+    frame: Frame,
+    /// The compressor the driver used; replies are compressed the same way.
+    compressor: Option<Compressor>,
+    command: String,
+    plan: ReplyPlan,
+    /// The logical read, kept for shadow mode's comparison.
+    shadowed: Option<bson::Document>,
+    answered: bool,
+    _timer: Option<RequestTimer>,
+}
+
+impl Exchange {
+    /// ③ Decodes a request: decompressed and named.
+    pub fn begin(
+        ctx: &ProxyContext,
+        frame: Frame,
+        started: Instant,
+    ) -> Result<Exchange, ProxyError> {
+        let (frame, compressor) = decompress(frame, Side::Downstream, ctx.config.max_message_size)?;
+        let command = frame.command_name().unwrap_or_default().to_owned();
+        let _timer = ctx.metrics.enabled().then(|| RequestTimer {
+            metrics: ctx.metrics.clone(),
+            command: command.clone(),
+            started,
+        });
+        Ok(Exchange {
+            frame,
+            compressor,
+            command,
+            plan: ReplyPlan::Forward,
+            shadowed: None,
+            answered: false,
+            _timer,
+        })
+    }
+
+    /// The request as the driver sent it (decompressed).
+    pub fn request_frame(&self) -> &Frame {
+        &self.frame
+    }
+
+    pub fn command(&self) -> &str {
+        &self.command
+    }
+
+    /// The driver expects no reply (`moreToCome`: an unacknowledged write).
+    pub fn expects_reply(&self) -> bool {
+        !self.frame.more_to_come()
+    }
+
+    /// The driver accepts a stream of replies.
+    pub fn exhaust(&self) -> bool {
+        self.frame.exhaust_allowed()
+    }
+
+    /// ④ What goes upstream, or the proxy's own answer.
+    pub async fn request(
+        &mut self,
+        ctx: &ProxyContext,
+        state: &mut SessionState,
+        leg: &mut crate::upstream::Leg,
+    ) -> Result<Step, ProxyError> {
+        let mut gate = Gate::Rewrite;
+        if let Message::Msg(m) = self.frame.message() {
+            // A getMore of documents held back from an oversized batch is
+            // answered here; the upstream is asked again once they are served.
+            if let Some(body) = ctx.cursors.answer(&self.command, m.body()) {
+                return Ok(Step::Answer(body));
+            }
+            rewrite::admit(&self.frame, &ctx.rewrite)?;
+            if !rewrite::is_hello(&self.command) {
+                gate = tokens::admit(ctx, m, &state.auth).await?;
+            }
+        }
+        if gate == Gate::Rewrite {
+            // Rewritten once; again only if it named something the
+            // dictionaries lacked (stored names get tokens first).
+            let kinds = |id| ctx.cursors.kind(id);
+            let mut rewritten = rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds)?;
+            let mut refreshed = false;
+            if ctx.rewrite.tokens.is_some() && rewritten.misses.is_empty() {
+                ctx.metrics.store_lookup(true);
+            }
+            while let (false, Message::Msg(m)) = (rewritten.misses.is_empty(), self.frame.message())
+            {
+                match tokens::settle(
+                    ctx,
+                    &rewritten.misses,
+                    m,
+                    &self.command,
+                    &mut state.auth,
+                    leg,
+                    &mut refreshed,
+                )
+                .await?
+                {
+                    tokens::Settled::Done => break,
+                    tokens::Settled::PassThrough => {
+                        gate = Gate::PassThrough;
+                        break;
+                    }
+                    tokens::Settled::Again => {
+                        rewritten =
+                            rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds)?;
+                    }
+                }
+            }
+            if gate == Gate::Rewrite {
+                if let Message::Msg(m) = self.frame.message() {
+                    migration::convert_ahead(ctx, m, &self.command).await?;
+                }
+                self.plan = rewritten.plan;
+                if let Some(f) = rewritten.frame {
+                    return self.forward(ctx, f);
+                }
+            }
+        }
+        let out = self.frame.clone();
+        self.forward(ctx, out)
+    }
+
+    fn forward(&mut self, ctx: &ProxyContext, out: Frame) -> Result<Step, ProxyError> {
+        if self.command == "insert" && ctx.rewrite.tokens.is_some() && ctx.metrics.enabled() {
+            tokens::count_documents(ctx, &self.frame, &out);
+        }
+        if let (Some(shadow), Message::Msg(m)) = (&ctx.shadow, self.frame.message()) {
+            if self.expects_reply() && shadow.wants(&self.command, m.body()) {
+                self.shadowed = bson::Document::try_from(m.body()).ok();
+            }
+        }
+        Ok(Step::Forward(out))
+    }
+
+    /// ⑦ One reply, as the driver must see it.
+    pub async fn reply(
+        &mut self,
+        ctx: &ProxyContext,
+        state: &mut SessionState,
+        reply: Frame,
+    ) -> Result<Frame, ProxyError> {
+        let reply = decompress(reply, Side::Upstream, ctx.config.max_message_size)?.0;
+        let physical = reply.op_msg().map(|m| m.body().as_bytes().len());
+        let replied = tokens::expand(ctx, reply, &self.plan, &mut state.legs).await?;
+        let frame = replied.frame;
+        if let Some(m) = frame.op_msg() {
+            state.auth.observe(&self.command, m.body());
+            if let (ReplyPlan::Rewrite(rules), Some(physical)) = (&self.plan, physical) {
+                if let Some(db) = &rules.expand {
+                    ctx.metrics
+                        .documents(db, "read", m.body().as_bytes().len(), physical);
+                }
+            }
+            if let (Some(logical), Some(shadow)) = (&self.shadowed, &ctx.shadow) {
+                if let Ok(answer) = bson::Document::try_from(m.body()) {
+                    tokio::spawn(shadow.clone().check(
+                        logical.clone(),
+                        answer,
+                        ctx.metrics.clone(),
+                    ));
+                }
+            }
+        }
+        ctx.cursors.learn(&replied.cursor);
+        if let Some((id, held)) = replied.held {
+            ctx.cursors.hold(id, held);
+        }
+        Ok(frame)
+    }
+
+    /// Notes that the driver has had a reply to this request.
+    pub fn answered(&mut self) {
+        self.answered = true;
+    }
+
+    /// What an error in this exchange comes to (see [`crate::error::outcome`]).
+    pub fn outcome(&self, e: &ProxyError, replies_pending: bool) -> crate::error::Outcome {
+        if !self.expects_reply() {
+            // The driver expects no reply to this request: the refusal can
+            // only be logged.
+            warn!(command = ?self.command, error = %e, "unacknowledged request refused");
+        }
+        crate::error::outcome(e, self.expects_reply() && !self.answered, replies_pending)
+    }
+
+    /// ⑧ A reply compressed as the request was (never the handshake's).
+    pub fn outbound(&self, reply: Frame) -> Result<Frame, ProxyError> {
+        match self.compressor {
+            Some(c) if may_compress(&self.command) => reply
+                .compress(c)
+                .map_err(|e| ProxyError::Internal(e.to_string())),
+            _ => Ok(reply),
+        }
+    }
+}
+
+/// Records a request's latency when its exchange ends, however it ends.
+struct RequestTimer {
+    metrics: Arc<Metrics>,
+    command: String,
+    started: Instant,
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        self.metrics.request(&self.command, self.started.elapsed());
+    }
+}
+
+/// Unwraps OP_COMPRESSED, returning the compressor used.
+fn decompress(
+    frame: Frame,
+    side: Side,
+    max: usize,
+) -> Result<(Frame, Option<Compressor>), ProxyError> {
+    let Message::Compressed(c) = frame.message() else {
+        return Ok((frame, None));
+    };
+    let malformed = |source| ProxyError::Malformed { side, source };
+    let compressor = c.compressor().map_err(malformed)?;
+    let inner = c.decompress(&frame.header, max).map_err(malformed)?;
+    Ok((inner, Some(compressor)))
+}

@@ -1,0 +1,157 @@
+//! Names before a request and after its replies: the dictionary a command
+//! needs is read, its new names are given tokens (for a client that may
+//! write where they go), and a reply holding tokens this proxy has not read
+//! yet is expanded again after one more read of the dictionary.
+
+use super::auth::Auth;
+use crate::context::ProxyContext;
+use crate::error::ProxyError;
+use crate::rewrite::names::Misses;
+use crate::rewrite::{self, catalogue, LegState, Replied, ReplyPlan};
+use crate::token::Integrity;
+use crate::upstream::Leg;
+use crate::wire::{Frame, Message, OpMsg};
+
+/// Whether a request is rewritten, or goes upstream as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Gate {
+    Rewrite,
+    /// The client may not have the proxy work on its behalf (it has not
+    /// authenticated, or may not write where the names would go): the
+    /// server answers the command as it is.
+    PassThrough,
+}
+
+/// Before a rewrite: the database's dictionary is read (once), and refused
+/// whole if it cannot be trusted; an unauthenticated client of an upstream
+/// that requires authentication gets no rewriting.
+pub(super) async fn admit(ctx: &ProxyContext, m: &OpMsg, auth: &Auth) -> Result<Gate, ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(Gate::Rewrite);
+    };
+    let Some(db) = rewrite::token_scope(m, &ctx.rewrite)? else {
+        return Ok(Gate::Rewrite);
+    };
+    if !auth.authenticated()
+        && ctx
+            .requires_auth
+            .get(&ctx.upstream, ctx.config.connect_timeout())
+            .await
+    {
+        return Ok(Gate::PassThrough);
+    }
+    let trips = t.store.ensure_loaded(&db).await?.0;
+    if trips > 0 {
+        ctx.metrics.store_round_trips(trips);
+    }
+    t.store.dictionary(&db)?;
+    Ok(Gate::Rewrite)
+}
+
+/// After a rewrite, what its misses call for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// Nothing: the rewrite stands.
+    Done,
+    /// Names were given tokens or read: rewrite again.
+    Again,
+    /// The client may not store these names: the command goes as it is.
+    PassThrough,
+}
+
+/// Gives the names a command stores tokens (if the client may write where
+/// they go), or reads again the dictionaries that lack names it reads
+/// (another proxy may have given them tokens since).
+pub(super) async fn settle(
+    ctx: &ProxyContext,
+    misses: &Misses,
+    m: &OpMsg,
+    command: &str,
+    auth: &mut Auth,
+    leg: &mut Leg,
+    refreshed: &mut bool,
+) -> Result<Settled, ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(Settled::Done);
+    };
+    let mut trips = 0;
+    let outcome = if !misses.stores_nothing() {
+        if auth.authenticated() {
+            let coll = rewrite::mapper::collection_of_raw(m.body());
+            let actions = catalogue::lookup(command).map_or(&[][..], |e| e.actions);
+            for (db, _, _) in misses.to_store() {
+                if !auth.may(leg, &db, coll, actions).await? {
+                    return Ok(Settled::PassThrough);
+                }
+            }
+        }
+        for (db, names, values) in misses.to_store() {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let values: Vec<&str> = values.iter().map(String::as_str).collect();
+            trips += t.store.allocate(&db, &names, &values).await?.0;
+        }
+        Settled::Again
+    } else if !*refreshed && !misses.to_read().is_empty() {
+        *refreshed = true;
+        let mut grew = false;
+        for db in misses.to_read() {
+            let before = t.store.dictionary(&db)?;
+            trips += t.store.refresh(&db).await?.0;
+            let after = t.store.dictionary(&db)?;
+            grew |= before.epoch != after.epoch
+                || before.len() != after.len()
+                || before.value_count() != after.value_count();
+        }
+        if grew {
+            Settled::Again
+        } else {
+            Settled::Done
+        }
+    } else {
+        Settled::Done
+    };
+    ctx.metrics.store_lookup(trips == 0);
+    ctx.metrics.store_round_trips(trips);
+    Ok(outcome)
+}
+
+/// Rewrites a reply; a reply holding tokens this proxy has not read yet
+/// (another proxy gave them out since) is expanded again after the
+/// dictionary is read once more.
+pub(super) async fn expand(
+    ctx: &ProxyContext,
+    reply: Frame,
+    plan: &ReplyPlan,
+    legs: &mut LegState,
+) -> Result<Replied, ProxyError> {
+    match rewrite::reply(reply.clone(), plan, legs, &ctx.rewrite) {
+        Err(ProxyError::Dictionary(Integrity::UnknownTokens { scope, .. })) => {
+            if let Some(t) = &ctx.rewrite.tokens {
+                t.store.refresh(&scope).await?;
+                if !t.store.exists(&scope) && t.store.has_documents(&scope).await? {
+                    return Err(Integrity::Missing { scope }.into());
+                }
+            }
+            rewrite::reply(reply, plan, legs, &ctx.rewrite)
+        }
+        other => other,
+    }
+}
+
+/// Counts an insert's document bytes as sent and as stored.
+pub(super) fn count_documents(ctx: &ProxyContext, original: &Frame, stored: &Frame) {
+    let (Message::Msg(m), Some(out)) = (original.message(), stored.op_msg()) else {
+        return;
+    };
+    let body = m.body();
+    let (Ok(db), Some(Ok((_, coll)))) = (body.get_str("$db"), body.iter().next()) else {
+        return;
+    };
+    let ns = format!("{db}.{}", coll.as_str().unwrap_or_default());
+    ctx.metrics.documents(
+        &ns,
+        "write",
+        rewrite::inserted_bytes(m),
+        rewrite::inserted_bytes(out),
+    );
+}

@@ -1,0 +1,407 @@
+//! ④ Logical names → tokens in whole commands: the [`Mapper`] walks each
+//! command's slots as the [catalogue](super::catalogue) lists them, and
+//! maps every name it finds through the dictionary of the collection's
+//! database, under the collection's policy. Commands whose names cannot be
+//! seen on the wire (JavaScript, computed names), and commands the catalogue
+//! does not list, are refused with an error naming the construct.
+//!
+//! - [`paths`]: names, paths, documents, filters and values (the parts);
+//! - [`query`]: checked filters, `$jsonSchema`, sorts, projections;
+//! - [`write`]: updates, replacements, pipeline updates, `arrayFilters`;
+//! - [`stages`] and [`expr`]: aggregation.
+//!
+//! A name a dictionary lacks keeps its logical form, and the lookup is noted
+//! ([`super::names::Noting`]): stored names are then given tokens, and read
+//! names looked up again, before the command is rewritten once more.
+
+mod expr;
+pub mod paths;
+mod query;
+mod stages;
+mod write;
+
+use bson::{Bson, Document};
+
+use super::catalogue::{self, Slot, Stores};
+use super::command::Command;
+use crate::error::ProxyError;
+use crate::token::{Migration, Names, Policies, Policy};
+use paths::{document, path, paths_document};
+
+pub(super) use write::is_partial;
+
+/// The dictionaries a rewrite reads through: one for the names it only
+/// reads (filters, sorts…), one for the names it stores (documents,
+/// changes), so that their misses are told apart.
+#[derive(Clone, Copy)]
+pub struct Lookup<'a> {
+    pub read: &'a dyn Names,
+    pub store: &'a dyn Names,
+}
+
+impl<'a> Lookup<'a> {
+    /// One dictionary for both (tools and tests).
+    pub fn of(names: &'a dyn Names) -> Lookup<'a> {
+        Lookup {
+            read: names,
+            store: names,
+        }
+    }
+}
+
+/// Tokenizes `cmd` in place with the dictionary of the database `scope`,
+/// under the policy of each collection it addresses.
+pub fn command(
+    cmd: &mut Command,
+    scope: &str,
+    policies: &Policies,
+    names: Lookup<'_>,
+) -> Result<(), ProxyError> {
+    let name = cmd.name().to_owned();
+    let coll = collection_of(&cmd.body).to_owned();
+    Mapper::new(policies, scope, &coll, names).command(&name, &mut cmd.body)
+}
+
+/// The collection a command addresses: the string value of its first field.
+pub(super) fn collection_of(body: &Document) -> &str {
+    match body.iter().next() {
+        Some((_, Bson::String(c))) => c,
+        _ => "",
+    }
+}
+
+/// The collection a raw command addresses.
+pub fn collection_of_raw(body: &bson::RawDocument) -> &str {
+    match body.into_iter().next() {
+        Some(Ok((_, bson::RawBsonRef::String(c)))) => c,
+        _ => "",
+    }
+}
+
+pub(super) fn refuse(what: &str) -> ProxyError {
+    ProxyError::Unsupported(format!("{what} cannot be rewritten to tokenized names"))
+}
+
+/// A document with each field's value rewritten by `f`, key order kept.
+pub(super) fn each_field(
+    d: &Document,
+    mut f: impl FnMut(&str, &Bson) -> Result<Bson, ProxyError>,
+) -> Result<Document, ProxyError> {
+    d.iter().map(|(k, v)| Ok((k.clone(), f(k, v)?))).collect()
+}
+
+/// The rewriting context of one collection: its policy, its database's
+/// dictionary, and the policies of the other collections it may name.
+#[derive(Clone, Copy)]
+pub(super) struct Mapper<'a> {
+    policies: &'a Policies,
+    db: &'a str,
+    policy: &'a Policy,
+    names: &'a dyn Names,
+    lookup: Lookup<'a>,
+    /// The collection is being migrated (its documents are in both forms),
+    /// and which way.
+    migrating: Option<Migration>,
+}
+
+impl<'a> Mapper<'a> {
+    pub(super) fn new(
+        policies: &'a Policies,
+        db: &'a str,
+        coll: &str,
+        lookup: Lookup<'a>,
+    ) -> Mapper<'a> {
+        Mapper {
+            policies,
+            db,
+            policy: policies.get(db, coll),
+            names: lookup.read,
+            lookup,
+            migrating: policies.migration(db, coll),
+        }
+    }
+
+    /// The same database's collection `coll` (same dictionary, its own policy).
+    pub(super) fn for_collection(&self, coll: &str) -> Mapper<'a> {
+        Mapper {
+            policy: self.policies.get(self.db, coll),
+            migrating: self.policies.migration(self.db, coll),
+            ..*self
+        }
+    }
+
+    /// This mapper for names that are stored (their misses get tokens).
+    pub(super) fn storing(&self) -> Mapper<'a> {
+        Mapper {
+            names: self.lookup.store,
+            ..*self
+        }
+    }
+
+    /// A command, by its catalogue entry.
+    fn command(&self, name: &str, body: &mut Document) -> Result<(), ProxyError> {
+        let Some(entry) = catalogue::lookup(name) else {
+            if self.policies.pass_through.iter().any(|p| p == name) {
+                return Ok(());
+            }
+            return Err(ProxyError::Unsupported(format!(
+                "the command {name} is unknown to Laconic, so the field names it may carry cannot be rewritten (list it in proxy.tokenize.pass_through if it carries none)"
+            )));
+        };
+        if let Some(why) = entry.refused {
+            return Err(refuse(why));
+        }
+        let everything = match entry.stores {
+            Stores::Everything => true,
+            Stores::Output => writes_output(body),
+            Stores::Data | Stores::Nothing => false,
+        };
+        let m = if everything { self.storing() } else { *self };
+        m.slots(entry.slots, body)
+    }
+
+    /// Rewrites the slots of one (sub-)document.
+    fn slots(&self, slots: &[Slot], body: &mut Document) -> Result<(), ProxyError> {
+        for slot in slots {
+            match *slot {
+                Slot::Filter(k) => self.filter_at(body, k)?,
+                Slot::Documents(k) => {
+                    let m = self.storing();
+                    m.each(body, k, |m, d| {
+                        *d = m.stored(d);
+                        Ok(())
+                    })?;
+                }
+                Slot::Document(k) => {
+                    if let Ok(d) = body.get_document(k) {
+                        let d = self.storing().stored(d);
+                        body.insert(k, d);
+                    }
+                }
+                Slot::Update { filter, update } => self.write_op(body, filter, update)?,
+                Slot::Projection(k) => self.projection_at(body, k)?,
+                Slot::Sort(k) => self.sort_at(body, k)?,
+                Slot::Hint(k) | Slot::Keys(k) => self.paths_at(body, k),
+                Slot::Path(k) => self.path_string_at(body, k),
+                Slot::Pipeline(k) => {
+                    if let Ok(stages) = body.get_array_mut(k) {
+                        self.pipeline(stages)?;
+                    }
+                }
+                Slot::Let(k) => {
+                    if let Ok(v) = body.get_document(k) {
+                        let v = self.let_vars(v)?;
+                        body.insert(k, v);
+                    }
+                }
+                Slot::ArrayFilters(k) => self.array_filters(body, k),
+                Slot::Each(k, inner) => self.each(body, k, |m, d| m.slots(inner, d))?,
+                Slot::Within(k, inner) => {
+                    if let Ok(d) = body.get_document_mut(k) {
+                        self.slots(inner, d)?;
+                    }
+                }
+                Slot::View { on, pipeline } => {
+                    // A view's pipeline runs on the collection it is defined on.
+                    let source = body.get_str(on).map(|v| self.for_collection(v));
+                    if let (Ok(source), Ok(stages)) = (source, body.get_array_mut(pipeline)) {
+                        source.pipeline(stages)?;
+                    }
+                }
+                Slot::Explain(k) => {
+                    if let Some(Bson::Document(inner)) = body.get_mut(k) {
+                        let name = inner.keys().next().cloned().unwrap_or_default();
+                        let coll = collection_of(inner).to_owned();
+                        self.for_collection(&coll).command(&name, inner)?;
+                    }
+                }
+                Slot::BulkOps => self.bulk_write(body)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A bulkWrite: each op under its own namespace and that namespace's
+    /// policy; only the ops in this database are rewritten.
+    fn bulk_write(&self, body: &mut Document) -> Result<(), ProxyError> {
+        let namespaces = namespaces_of(body);
+        let Ok(ops) = body.get_array_mut("ops") else {
+            return Ok(());
+        };
+        for op in ops.iter_mut() {
+            let Bson::Document(op) = op else { continue };
+            let Some(ns) = op_namespace(op, &namespaces).filter(|ns| in_db(ns, self.db)) else {
+                continue;
+            };
+            let coll = ns.split_once('.').map_or("", |(_, c)| c);
+            let m = self.for_collection(coll);
+            let kind = op.keys().next().cloned().unwrap_or_default();
+            m.slots(catalogue::bulk_op_slots(&kind), op)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn doc(&self, d: &Document) -> Document {
+        document(d, &mut Vec::new(), self.policy, self.names)
+    }
+
+    /// A document as it is stored: tokenized, or as written while
+    /// `laconic migrate --reverse` writes the collection back to full names.
+    pub(super) fn stored(&self, d: &Document) -> Document {
+        if self.migrating == Some(Migration::Reverse) {
+            d.clone()
+        } else {
+            self.doc(d)
+        }
+    }
+
+    pub(super) fn each(
+        &self,
+        body: &mut Document,
+        key: &str,
+        mut f: impl FnMut(&Self, &mut Document) -> Result<(), ProxyError>,
+    ) -> Result<(), ProxyError> {
+        if let Ok(items) = body.get_array_mut(key) {
+            for item in items.iter_mut() {
+                if let Bson::Document(d) = item {
+                    f(self, d)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn filter_at(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
+        if let Ok(f) = parent.get_document(key) {
+            let f = self.checked_filter(f, &[])?;
+            parent.insert(key.to_owned(), f);
+        }
+        Ok(())
+    }
+
+    pub(super) fn paths_at(&self, parent: &mut Document, key: &str) {
+        if let Ok(p) = parent.get_document(key) {
+            let p = paths_document(p, &[], self.policy, self.names);
+            parent.insert(key.to_owned(), p);
+        }
+    }
+
+    /// A string holding one path (`timeField`, `language_override`).
+    pub(super) fn path_string_at(&self, parent: &mut Document, key: &str) {
+        if let Ok(p) = parent.get_str(key) {
+            let p = path(p, &[], self.policy, self.names);
+            parent.insert(key.to_owned(), p);
+        }
+    }
+
+    pub(super) fn sort_at(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
+        if let Ok(s) = parent.get_document(key) {
+            let s = self.sort(s, &[])?;
+            parent.insert(key.to_owned(), s);
+        }
+        Ok(())
+    }
+
+    pub(super) fn projection_at(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
+        if let Ok(p) = parent.get_document(key) {
+            let p = self.projection(p, &[])?;
+            parent.insert(key.to_owned(), p);
+        }
+        Ok(())
+    }
+}
+
+/// While a collection migrates, the filters (matching both stored forms) of
+/// the operator and pipeline updates of a command (as the driver sent it):
+/// the exchange brings the documents they match to the stored form before
+/// the command runs, so that each update meets one form only.
+pub fn migration_filters(
+    cmd: &Command,
+    db: &str,
+    policies: &Policies,
+    names: &dyn Names,
+) -> Result<Vec<Document>, ProxyError> {
+    let coll = collection_of(&cmd.body).to_owned();
+    let m = Mapper::new(policies, db, &coll, Lookup::of(names));
+    let mut out = Vec::new();
+    if let (Some(_), Some(entry)) = (m.migrating, catalogue::lookup(cmd.name())) {
+        m.partial_update_filters(entry.slots, &cmd.body, &mut out)?;
+    }
+    Ok(out)
+}
+
+impl Mapper<'_> {
+    fn partial_update_filters(
+        &self,
+        slots: &[Slot],
+        body: &Document,
+        out: &mut Vec<Document>,
+    ) -> Result<(), ProxyError> {
+        for slot in slots {
+            match *slot {
+                Slot::Update { filter, update } if is_partial(body.get(update)) => {
+                    let f = body.get_document(filter).cloned().unwrap_or_default();
+                    out.push(self.checked_filter(&f, &[])?);
+                }
+                Slot::Each(k, inner) => {
+                    for d in body.get_array(k).into_iter().flatten() {
+                        if let Bson::Document(d) = d {
+                            self.partial_update_filters(inner, d, out)?;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a pipeline ends by storing its output ($out, $merge).
+fn writes_output(body: &Document) -> bool {
+    body.get_array("pipeline").is_ok_and(|p| {
+        p.iter().any(|s| {
+            s.as_document()
+                .and_then(|s| s.keys().next())
+                .is_some_and(|k| k == "$out" || k == "$merge")
+        })
+    })
+}
+
+/// The namespace of each `nsInfo` entry of a bulkWrite, by index.
+pub fn bulk_write_namespaces(cmd: &Command) -> Vec<String> {
+    namespaces_of(&cmd.body)
+}
+
+fn namespaces_of(body: &Document) -> Vec<String> {
+    body.get_array("nsInfo")
+        .map(|a| {
+            a.iter()
+                .map(|ns| {
+                    ns.as_document()
+                        .and_then(|d| d.get_str("ns").ok())
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The namespace a bulkWrite op (`{insert|update|delete: <nsInfo index>, …}`)
+/// addresses.
+fn op_namespace<'a>(op: &Document, namespaces: &'a [String]) -> Option<&'a str> {
+    op.values()
+        .next()
+        .and_then(|v| v.as_i32().map(i64::from).or(v.as_i64()))
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| namespaces.get(i))
+        .map(String::as_str)
+}
+
+fn in_db(ns: &str, db: &str) -> bool {
+    ns.split_once('.').is_some_and(|(d, _)| d == db)
+}
+
+#[cfg(test)]
+mod tests;

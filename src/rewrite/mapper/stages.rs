@@ -1,0 +1,552 @@
+//! ④ Aggregation: pipelines, stages and expressions (catalogue §5).
+//!
+//! Every name a pipeline mentions goes through the same mapping as stored
+//! documents (`tokenize::key`: a name the policy tokenizes and the dictionary
+//! knows becomes its token, any other name stays as it is, escaped if it
+//! would read as a token). That holds for names the user invents too
+//! (`$group` outputs, `as`, `$count`): an invented name is mapped exactly
+//! where it is defined and wherever a later stage refers to it, and the
+//! reply's expansion turns it back by its shape alone. So no stage needs an
+//! analysis of its output, and the only constructs refused are those whose
+//! names cannot be seen on the wire: JavaScript, computed field names, names
+//! turned into data, Atlas Search, and operators or stages this module does
+//! not know.
+
+use bson::{Bson, Document};
+
+use super::expr::{Use, Vars};
+use super::paths::logical;
+use super::query::is_flag;
+use super::{each_field, refuse, Mapper};
+use crate::error::ProxyError;
+
+impl Mapper<'_> {
+    /// A pipeline of the collection this `Tok` is for. One that opens a
+    /// change stream works on change events instead.
+    pub(super) fn pipeline(&self, stages: &mut [Bson]) -> Result<(), ProxyError> {
+        let opens_stream = stages
+            .first()
+            .and_then(Bson::as_document)
+            .and_then(|s| s.keys().next())
+            .is_some_and(|k| k == "$changeStream");
+        if opens_stream {
+            return self.change_stream(&mut stages[1..]);
+        }
+        for stage in stages.iter_mut() {
+            let Bson::Document(stage) = stage else {
+                continue;
+            };
+            let Some((name, arg)) = stage.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
+                continue;
+            };
+            let new = self.stage(&name, &arg)?;
+            stage.insert(name, new);
+        }
+        Ok(())
+    }
+
+    pub(super) fn stage(&self, name: &str, arg: &Bson) -> Result<Bson, ProxyError> {
+        let none = Vars::default();
+        Ok(match (name, arg) {
+            ("$match", Bson::Document(f)) => Bson::Document(self.checked_filter(f, &[])?),
+            ("$sort", Bson::Document(s)) => Bson::Document(self.sort(s, &[])?),
+            ("$skip" | "$limit" | "$sample" | "$indexStats" | "$collStats" | "$planCacheStats"
+            | "$currentOp" | "$listSessions" | "$listLocalSessions" | "$changeStreamSplitLargeEvent"
+            | "$listSampledQueries" | "$querySettings" | "$listSearchIndexes", _) => arg.clone(),
+            ("$count", Bson::String(n)) => Bson::String(self.name(&[], n)),
+            ("$project", Bson::Document(p)) => Bson::Document(self.projection(p, &[])?),
+            ("$addFields" | "$set", Bson::Document(f)) => Bson::Document(self.add_fields(f)?),
+            ("$unset", Bson::String(p)) => Bson::String(self.path(p, &[])),
+            ("$unset", Bson::Array(a)) => Bson::Array(
+                a.iter()
+                    .map(|p| match p {
+                        Bson::String(p) => Bson::String(self.path(p, &[])),
+                        other => other.clone(),
+                    })
+                    .collect(),
+            ),
+            ("$redact", e) => self.expr(e, &[], &none)?,
+            ("$replaceRoot", Bson::Document(r)) => {
+                let mut out = r.clone();
+                if let Some(e) = r.get("newRoot") {
+                    out.insert("newRoot", self.expr_as(e, &[], &none, Use::Moved)?);
+                }
+                Bson::Document(out)
+            }
+            ("$replaceWith", e) => self.expr_as(e, &[], &none, Use::Moved)?,
+            ("$group", Bson::Document(g)) => Bson::Document(self.group(g)?),
+            ("$bucket" | "$bucketAuto", Bson::Document(b)) => {
+                let mut out = Document::new();
+                for (k, v) in b {
+                    let v = match k.as_str() {
+                        "groupBy" => self.expr(v, &[], &none)?,
+                        "output" => match v {
+                            Bson::Document(o) => Bson::Document(self.accumulators(o)?),
+                            other => other.clone(),
+                        },
+                        _ => v.clone(),
+                    };
+                    out.insert(k.clone(), v);
+                }
+                Bson::Document(out)
+            }
+            ("$sortByCount", e) => self.expr(e, &[], &none)?,
+            ("$facet", Bson::Document(f)) => {
+                let mut out = Document::new();
+                for (k, v) in f {
+                    let stages = v.as_array().map_or(&[][..], Vec::as_slice);
+                    out.insert(self.name(&[], k), self.sub_pipeline(stages)?);
+                }
+                Bson::Document(out)
+            }
+            ("$unwind", Bson::String(p)) => Bson::String(self.field_ref(p)),
+            ("$unwind", Bson::Document(u)) => {
+                let mut out = u.clone();
+                if let Ok(p) = u.get_str("path") {
+                    out.insert("path", self.field_ref(p));
+                }
+                if let Ok(i) = u.get_str("includeArrayIndex") {
+                    out.insert("includeArrayIndex", self.path(i, &[]));
+                }
+                Bson::Document(out)
+            }
+            ("$lookup", Bson::Document(l)) => Bson::Document(self.lookup(l)?),
+            ("$graphLookup", Bson::Document(g)) => Bson::Document(self.graph_lookup(g)?),
+            ("$unionWith", Bson::String(_)) => arg.clone(),
+            ("$unionWith", Bson::Document(u)) => {
+                let coll = u.get_str("coll").unwrap_or_default();
+                let foreign = self.for_collection(coll);
+                let mut out = u.clone();
+                if let Ok(p) = u.get_array("pipeline") {
+                    out.insert("pipeline", foreign.sub_pipeline(p)?);
+                }
+                Bson::Document(out)
+            }
+            ("$setWindowFields", Bson::Document(w)) => Bson::Document(self.window_fields(w)?),
+            ("$densify", Bson::Document(d)) => {
+                let mut out = d.clone();
+                if let Ok(f) = d.get_str("field") {
+                    out.insert("field", self.path(f, &[]));
+                }
+                self.path_list(&mut out, "partitionByFields");
+                Bson::Document(out)
+            }
+            ("$fill", Bson::Document(f)) => Bson::Document(self.fill(f)?),
+            ("$geoNear", Bson::Document(g)) => {
+                let mut out = g.clone();
+                for k in ["distanceField", "includeLocs", "key"] {
+                    if let Ok(p) = g.get_str(k) {
+                        out.insert(k, self.path(p, &[]));
+                    }
+                }
+                if let Ok(q) = g.get_document("query") {
+                    out.insert("query", self.checked_filter(q, &[])?);
+                }
+                Bson::Document(out)
+            }
+            ("$documents", Bson::Array(docs)) => Bson::Array(
+                docs.iter()
+                    .map(|d| self.expr_as(d, &[], &none, Use::Moved))
+                    .collect::<Result<_, _>>()?,
+            ),
+            ("$documents", e) => self.expr(e, &[], &none)?,
+            ("$out", target) => {
+                self.same_mapping("$out", target)?;
+                target.clone()
+            }
+            ("$merge", Bson::Document(m)) => Bson::Document(self.merge(m)?),
+            ("$merge", target) => {
+                self.same_mapping("$merge", target)?;
+                target.clone()
+            }
+            ("$search" | "$searchMeta" | "$vectorSearch" | "$rankFusion" | "$scoreFusion", _) => {
+                return Err(refuse(&format!(
+                    "the Atlas Search stage {name} (its paths are resolved by the search index, over stored names)"
+                )))
+            }
+            ("$changeStream", _) => {
+                return Err(refuse(
+                    "$changeStream on a tokenized database outside its own command form",
+                ))
+            }
+            (n, _) if n.starts_with("$_internal") => {
+                return Err(refuse(&format!("the internal stage {n}")))
+            }
+            (other, _) if self.policies.pass_through.iter().any(|p| p == other) => arg.clone(),
+            (other, _) => {
+                return Err(ProxyError::Unsupported(format!(
+                    "the aggregation stage {other} is unknown to Laconic, so the field names it may carry cannot be rewritten"
+                )))
+            }
+        })
+    }
+
+    /// A pipeline nested in a stage (`$lookup`, `$unionWith`, `$facet`,
+    /// `$merge`), rewritten for this collection.
+    pub(super) fn sub_pipeline(&self, stages: &[Bson]) -> Result<Bson, ProxyError> {
+        let mut stages = stages.to_vec();
+        self.pipeline(&mut stages)?;
+        Ok(Bson::Array(stages))
+    }
+
+    /// The stages after `$changeStream` see change events: only the paths
+    /// below `fullDocument`, `fullDocumentBeforeChange`, `documentKey` and
+    /// `updateDescription.updatedFields` are the collection's.
+    pub(super) fn change_stream(&self, stages: &mut [Bson]) -> Result<(), ProxyError> {
+        for stage in stages.iter_mut() {
+            let Bson::Document(stage) = stage else {
+                continue;
+            };
+            let Some((name, arg)) = stage.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
+                continue;
+            };
+            let new = match (name.as_str(), &arg) {
+                ("$match", Bson::Document(f)) => Bson::Document(self.event_filter(f)?),
+                ("$project" | "$addFields" | "$set", Bson::Document(p)) => {
+                    let mut out = Document::new();
+                    for (k, v) in p {
+                        let v = match v {
+                            v if is_flag(v) => v.clone(),
+                            Bson::String(s) if s.starts_with('$') && !s.starts_with("$$") => {
+                                Bson::String(format!("${}", self.event_path(&s[1..])))
+                            }
+                            Bson::String(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => {
+                                v.clone()
+                            }
+                            _ => {
+                                return Err(refuse(&format!(
+                                    "an expression in {name} after $changeStream"
+                                )))
+                            }
+                        };
+                        out.insert(self.event_path(k), v);
+                    }
+                    Bson::Document(out)
+                }
+                ("$unset", Bson::String(p)) => Bson::String(self.event_path(p)),
+                ("$unset", Bson::Array(a)) => Bson::Array(
+                    a.iter()
+                        .map(|p| match p {
+                            Bson::String(p) => Bson::String(self.event_path(p)),
+                            other => other.clone(),
+                        })
+                        .collect(),
+                ),
+                ("$replaceRoot" | "$replaceWith" | "$redact", _) => {
+                    return Err(refuse(&format!("{name} after $changeStream")))
+                }
+                ("$changeStreamSplitLargeEvent", _) => arg,
+                (other, _) => {
+                    return Err(refuse(&format!("the stage {other} after $changeStream")))
+                }
+            };
+            stage.insert(name, new);
+        }
+        Ok(())
+    }
+
+    /// A path into a change event.
+    pub(super) fn event_path(&self, p: &str) -> String {
+        for prefix in [
+            "fullDocument.",
+            "fullDocumentBeforeChange.",
+            "documentKey.",
+            "updateDescription.updatedFields.",
+        ] {
+            if let Some(rest) = p.strip_prefix(prefix) {
+                return format!("{prefix}{}", self.path(rest, &[]));
+            }
+        }
+        p.to_owned()
+    }
+
+    /// A filter on change events: conditions on the collection's paths are
+    /// rewritten as they would be on the collection itself.
+    pub(super) fn event_filter(&self, f: &Document) -> Result<Document, ProxyError> {
+        let mut out = Document::new();
+        for (k, v) in f {
+            match (k.as_str(), v) {
+                ("$and" | "$or" | "$nor", Bson::Array(a)) => {
+                    let subs = a
+                        .iter()
+                        .map(|x| match x {
+                            Bson::Document(d) => self.event_filter(d).map(Bson::Document),
+                            other => Ok(other.clone()),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    out.insert(k.clone(), subs);
+                }
+                (op, _) if op.starts_with('$') => {
+                    return Err(refuse(&format!("{op} in a $match after $changeStream")))
+                }
+                (p, v) => {
+                    let event = self.event_path(p);
+                    let Some((prefix, rest)) = [
+                        "fullDocument.",
+                        "fullDocumentBeforeChange.",
+                        "documentKey.",
+                        "updateDescription.updatedFields.",
+                    ]
+                    .iter()
+                    .find_map(|pre| p.strip_prefix(pre).map(|r| (*pre, r))) else {
+                        out.insert(event, v.clone());
+                        continue;
+                    };
+                    let mut one = Document::new();
+                    one.insert(rest, v.clone());
+                    let rewritten = self.checked_filter(&one, &[])?;
+                    for (rk, rv) in rewritten {
+                        out.insert(format!("{prefix}{rk}"), rv);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Mapper<'_> {
+    fn add_fields(&self, f: &Document) -> Result<Document, ProxyError> {
+        let mut out = Document::new();
+        for (k, v) in f {
+            let scope = logical(&[], k);
+            out.insert(
+                self.path(k, &[]),
+                self.expr_as(v, &scope, &Vars::default(), Use::Moved)?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// `$group`: `_id` is an expression (an object literal's keys are new
+    /// names under `_id`); every other field is an output name with one
+    /// accumulator.
+    pub(super) fn group(&self, g: &Document) -> Result<Document, ProxyError> {
+        let mut out = Document::new();
+        for (k, v) in g {
+            if k == "_id" {
+                // Grouping on a value token would group correctly but
+                // leave `_id` in token order for any later sort: computed.
+                out.insert(
+                    k.clone(),
+                    self.expr_as(v, &["_id".to_owned()], &Vars::default(), Use::Computed)?,
+                );
+            } else {
+                out.insert(self.name(&[], k), self.accumulator(v)?);
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn accumulators(&self, o: &Document) -> Result<Document, ProxyError> {
+        let mut out = Document::new();
+        for (k, v) in o {
+            out.insert(self.name(&[], k), self.accumulator(v)?);
+        }
+        Ok(out)
+    }
+
+    /// `{<accumulator>: <argument>}`.
+    pub(super) fn accumulator(&self, v: &Bson) -> Result<Bson, ProxyError> {
+        let Bson::Document(acc) = v else {
+            return self.expr(v, &[], &Vars::default());
+        };
+        let mut out = Document::new();
+        for (op, arg) in acc {
+            let arg = match op.as_str() {
+                "$accumulator" => {
+                    return Err(refuse("$accumulator (JavaScript reads field names)"))
+                }
+                "$first" | "$last" | "$push" | "$addToSet" => {
+                    self.expr_as(arg, &[], &Vars::default(), Use::Moved)?
+                }
+                _ => self.operator(op, arg, &[], &Vars::default())?,
+            };
+            out.insert(op.clone(), arg);
+        }
+        Ok(Bson::Document(out))
+    }
+
+    pub(super) fn lookup(&self, l: &Document) -> Result<Document, ProxyError> {
+        let foreign = match l.get("from") {
+            Some(Bson::String(c)) => self.for_collection(c),
+            Some(Bson::Document(ns)) => self.foreign_namespace("$lookup", ns)?,
+            _ => self.clone_for_documents(),
+        };
+        let out = each_field(l, |k, v| {
+            Ok(match (k, v) {
+                ("localField", Bson::String(p)) => Bson::String(self.path(p, &[])),
+                ("foreignField", Bson::String(p)) => Bson::String(foreign.path(p, &[])),
+                ("as", Bson::String(p)) => Bson::String(self.path(p, &[])),
+                ("let", Bson::Document(let_vars)) => Bson::Document(self.let_vars(let_vars)?),
+                ("pipeline", Bson::Array(p)) => foreign.sub_pipeline(p)?,
+                _ => v.clone(),
+            })
+        })?;
+        Ok(out)
+    }
+
+    /// `let` variables: their names stay, their values are expressions.
+    pub(super) fn let_vars(&self, let_vars: &Document) -> Result<Document, ProxyError> {
+        let mut o = Document::new();
+        for (name, e) in let_vars {
+            o.insert(
+                name.clone(),
+                self.expr_as(e, &[], &Vars::default(), Use::Moved)?,
+            );
+        }
+        Ok(o)
+    }
+
+    pub(super) fn graph_lookup(&self, g: &Document) -> Result<Document, ProxyError> {
+        let foreign = match g.get("from") {
+            Some(Bson::String(c)) => self.for_collection(c),
+            Some(Bson::Document(ns)) => self.foreign_namespace("$graphLookup", ns)?,
+            _ => self.clone_for_documents(),
+        };
+        let out = each_field(g, |k, v| {
+            Ok(match (k, v) {
+                ("startWith", e) => self.expr_as(e, &[], &Vars::default(), Use::Moved)?,
+                ("connectFromField" | "connectToField", Bson::String(p)) => {
+                    Bson::String(foreign.path(p, &[]))
+                }
+                ("as" | "depthField", Bson::String(p)) => Bson::String(self.path(p, &[])),
+                ("restrictSearchWithMatch", Bson::Document(q)) => {
+                    Bson::Document(foreign.checked_filter(q, &[])?)
+                }
+                _ => v.clone(),
+            })
+        })?;
+        Ok(out)
+    }
+
+    pub(super) fn window_fields(&self, w: &Document) -> Result<Document, ProxyError> {
+        let out = each_field(w, |k, v| {
+            Ok(match (k, v) {
+                ("partitionBy", e) => self.expr(e, &[], &Vars::default())?,
+                ("sortBy", Bson::Document(s)) => Bson::Document(self.sort(s, &[])?),
+                ("output", Bson::Document(o)) => {
+                    let mut outputs = Document::new();
+                    for (field, spec) in o {
+                        let Bson::Document(spec) = spec else {
+                            return Err(refuse(&format!("the window output {field}")));
+                        };
+                        let mut s = Document::new();
+                        for (op, arg) in spec {
+                            let arg = if op == "window" {
+                                arg.clone()
+                            } else {
+                                self.operator(op, arg, &[], &Vars::default())?
+                            };
+                            s.insert(op.clone(), arg);
+                        }
+                        outputs.insert(self.path(field, &[]), s);
+                    }
+                    Bson::Document(outputs)
+                }
+                _ => v.clone(),
+            })
+        })?;
+        Ok(out)
+    }
+
+    pub(super) fn fill(&self, f: &Document) -> Result<Document, ProxyError> {
+        let mut out = each_field(f, |k, v| {
+            Ok(match (k, v) {
+                ("partitionBy", e) => self.expr(e, &[], &Vars::default())?,
+                ("sortBy", Bson::Document(s)) => Bson::Document(self.sort(s, &[])?),
+                ("output", Bson::Document(o)) => {
+                    let mut outputs = Document::new();
+                    for (field, spec) in o {
+                        let spec = match spec {
+                            Bson::Document(s) if s.contains_key("value") => {
+                                let mut s = s.clone();
+                                let e = self.expr(
+                                    s.get("value").unwrap_or(&Bson::Null),
+                                    &[],
+                                    &Vars::default(),
+                                )?;
+                                s.insert("value", e);
+                                Bson::Document(s)
+                            }
+                            other => other.clone(),
+                        };
+                        outputs.insert(self.path(field, &[]), spec);
+                    }
+                    Bson::Document(outputs)
+                }
+                _ => v.clone(),
+            })
+        })?;
+        self.path_list(&mut out, "partitionByFields");
+        Ok(out)
+    }
+
+    pub(super) fn merge(&self, m: &Document) -> Result<Document, ProxyError> {
+        if let Some(into) = m.get("into") {
+            self.same_mapping("$merge", into)?;
+        }
+        let out = each_field(m, |k, v| {
+            Ok(match (k, v) {
+                ("on", Bson::String(p)) => Bson::String(self.path(p, &[])),
+                ("on", Bson::Array(ps)) => Bson::Array(
+                    ps.iter()
+                        .map(|p| match p {
+                            Bson::String(p) => Bson::String(self.path(p, &[])),
+                            other => other.clone(),
+                        })
+                        .collect(),
+                ),
+                ("let", Bson::Document(let_vars)) => Bson::Document(self.let_vars(let_vars)?),
+                ("whenMatched", Bson::Array(p)) => self.sub_pipeline(p)?,
+                _ => v.clone(),
+            })
+        })?;
+        Ok(out)
+    }
+
+    /// `$out`/`$merge` write the pipeline's documents, whose names are in
+    /// this collection's mapping, into their target: refused unless the
+    /// target has the same mapping (same database, same policy).
+    pub(super) fn same_mapping(&self, stage: &str, target: &Bson) -> Result<(), ProxyError> {
+        let (db, coll) = match target {
+            Bson::String(c) => (self.db.to_owned(), c.clone()),
+            Bson::Document(d) => (
+                d.get_str("db").unwrap_or(self.db).to_owned(),
+                d.get_str("coll").unwrap_or_default().to_owned(),
+            ),
+            _ => return Ok(()),
+        };
+        let target = self.policies.get(&db, &coll);
+        let same_db = db == self.db;
+        if (same_db && target == self.policy)
+            || (!same_db && !self.policies.applies_to(&db) && !self.policy.is_active())
+        {
+            return Ok(());
+        }
+        Err(ProxyError::Unsupported(format!(
+            "{stage} into {db}.{coll} cannot be rewritten: its documents would be stored under a different name mapping than the source's"
+        )))
+    }
+
+    pub(super) fn foreign_namespace(
+        &self,
+        stage: &str,
+        ns: &Document,
+    ) -> Result<Mapper<'_>, ProxyError> {
+        let db = ns.get_str("db").unwrap_or(self.db);
+        let coll = ns.get_str("coll").unwrap_or_default();
+        if db != self.db {
+            return Err(ProxyError::Unsupported(format!(
+                "{stage} from {db}.{coll}: another database has its own dictionary"
+            )));
+        }
+        Ok(self.for_collection(coll))
+    }
+
+    pub(super) fn clone_for_documents(&self) -> Mapper<'_> {
+        self.for_collection("")
+    }
+
+    // === Expressions ===
+}

@@ -1,0 +1,279 @@
+use bson::{doc, Bson, Document};
+
+use super::*;
+use crate::rewrite::catalogue::{Slot, Stores, CATALOGUE};
+use crate::rewrite::names::{Misses, Noting};
+use crate::token::{Dictionary, Migration};
+
+fn cmd(body: Document) -> Command {
+    let raw = bson::RawDocumentBuf::from_document(&body).unwrap();
+    Command::from_msg(&crate::wire::OpMsg::from_body(
+        crate::wire::MsgFlags::default(),
+        &raw,
+    ))
+    .unwrap()
+}
+
+/// Policies tokenizing names of 6+ bytes in `app`, with `app.people`
+/// in the given migration state, and a dictionary that knows the names.
+fn migrating(state: crate::token::MigrationState) -> (Policies, crate::token::Dictionary) {
+    let policies = Policies::new(Policy::new(6, &[], "laconic"));
+    policies
+        .migrating
+        .replace([("app.people".to_owned(), state)].into_iter().collect());
+    let mut dict = crate::token::Dictionary::default();
+    dict.add_names(&["first_name".to_owned(), "last_name".to_owned()]);
+    (policies, dict)
+}
+
+#[test]
+fn while_migrating_partial_updates_name_the_stored_form_only() {
+    use crate::token::MigrationState as State;
+    let (policies, dict) = migrating(State::Migrating(Migration::Forward));
+    let tok = |n: &str| {
+        crate::token::Names::token(&dict, n)
+            .unwrap()
+            .as_str()
+            .to_owned()
+    };
+    let (first, last) = (tok("first_name"), tok("last_name"));
+    let update = cmd(doc! {
+        "update": "people", "$db": "app",
+        "updates": [
+            {"q": {"first_name": "x"}, "u": {"$set": {"last_name": 1}}, "upsert": true},
+            {"q": {"first_name": "y"}, "u": {"first_name": "z"}},
+        ],
+    });
+    // The documents the operator update will meet, in either form...
+    assert_eq!(
+        migration_filters(&update, "app", &policies, &dict).unwrap(),
+        vec![doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}]
+    );
+    // ...are brought to the stored form first, so its filter names
+    // that form alone; the replacement's filter matches both.
+    let mut rewritten = update.clone();
+    command(&mut rewritten, "app", &policies, Lookup::of(&dict)).unwrap();
+    let ops = rewritten.body.get_array("updates").unwrap();
+    assert_eq!(
+        ops[0].as_document().unwrap(),
+        &doc! {"q": {&first: "x"}, "u": {"$set": {&last: 1}}, "upsert": true}
+    );
+    assert_eq!(
+        ops[1].as_document().unwrap().get_document("q").unwrap(),
+        &doc! {"$or": [{&first: "y"}, {"first_name": "y"}]}
+    );
+    // A bulkWrite's operator updates wait for the end of the migration.
+    let mut bulk = cmd(doc! {
+        "bulkWrite": 1, "$db": "admin", "nsInfo": [{"ns": "app.people"}],
+        "ops": [{"update": 0, "filter": {}, "updateMods": {"$set": {"last_name": 1}}}],
+    });
+    assert!(matches!(
+        command(&mut bulk, "app", &policies, Lookup::of(&dict)),
+        Err(ProxyError::Unsupported(_))
+    ));
+    // Not migrating: nothing to bring over.
+    let other = cmd(doc! {"update": "other", "$db": "app",
+    "updates": [{"q": {"first_name": "x"}, "u": {"$set": {"last_name": 1}}}]});
+    assert!(migration_filters(&other, "app", &policies, &dict)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn during_and_after_a_reverse_migration_writes_keep_full_names() {
+    use crate::token::MigrationState as State;
+    let write = cmd(doc! {
+        "update": "people", "$db": "app",
+        "updates": [{"q": {"first_name": "x"}, "u": {"$inc": {"last_name": 1}}}],
+    });
+    let insert = cmd(doc! {"insert": "people", "$db": "app",
+    "documents": [{"_id": 1, "first_name": "x"}]});
+    let (policies, dict) = migrating(State::Migrating(Migration::Reverse));
+    let first = crate::token::Names::token(&dict, "first_name")
+        .unwrap()
+        .as_str()
+        .to_owned();
+    assert_eq!(
+        migration_filters(&write, "app", &policies, &dict).unwrap(),
+        vec![doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}]
+    );
+    for policies in [policies, migrating(State::Reversed).0] {
+        for c in [&write, &insert] {
+            let mut rewritten = c.clone();
+            command(&mut rewritten, "app", &policies, Lookup::of(&dict)).unwrap();
+            assert_eq!(rewritten.body, c.body);
+        }
+    }
+    let (reversed, _) = migrating(State::Reversed);
+    assert!(migration_filters(&write, "app", &reversed, &dict)
+        .unwrap()
+        .is_empty());
+    assert!(!reversed.get("app", "people").is_active());
+    assert!(reversed.get("app", "others").is_active());
+}
+
+/// A value for each slot holding one tokenizable name, its own
+/// (`slot_name_<n>`), so that a slot a pass ignores shows up as a name it
+/// left as it was.
+fn sample(slots: &[Slot], n: &mut usize, names: &mut Vec<(String, bool)>) -> Document {
+    fn next_name(n: &mut usize, stored: bool, names: &mut Vec<(String, bool)>) -> String {
+        *n += 1;
+        let name = format!("slot_name_{n}");
+        names.push((name.clone(), stored));
+        name
+    }
+    let mut d = Document::new();
+    for slot in slots {
+        match *slot {
+            Slot::Filter(k) => {
+                d.insert(k, doc! {next_name(n, false, names): 1});
+            }
+            Slot::Documents(k) => {
+                d.insert(k, vec![doc! {next_name(n, true, names): 1}]);
+            }
+            Slot::Document(k) => {
+                d.insert(k, doc! {next_name(n, true, names): 1});
+            }
+            Slot::Update { filter, update } => {
+                d.insert(filter, doc! {next_name(n, true, names): 1});
+                d.insert(update, doc! {"$set": {next_name(n, true, names): 1}});
+                d.insert("upsert", true);
+            }
+            Slot::Projection(k) | Slot::Sort(k) | Slot::Hint(k) | Slot::Keys(k) => {
+                d.insert(k, doc! {next_name(n, false, names): 1});
+            }
+            Slot::Path(k) => {
+                d.insert(k, next_name(n, false, names));
+            }
+            Slot::Pipeline(k) => {
+                d.insert(k, vec![doc! {"$match": {next_name(n, false, names): 1}}]);
+            }
+            Slot::Let(k) => {
+                d.insert(k, doc! {"v": format!("${}", next_name(n, false, names))});
+            }
+            Slot::ArrayFilters(k) => {
+                d.insert(
+                    k,
+                    vec![doc! {format!("elem.{}", next_name(n, false, names)): 1}],
+                );
+            }
+            Slot::Each(k, inner) => {
+                d.insert(k, vec![sample(inner, n, names)]);
+            }
+            Slot::Within(k, inner) => {
+                d.insert(k, sample(inner, n, names));
+            }
+            Slot::View { on, pipeline } => {
+                d.insert(on, "other");
+                d.insert(
+                    pipeline,
+                    vec![doc! {"$match": {next_name(n, false, names): 1}}],
+                );
+            }
+            Slot::Explain(k) => {
+                d.insert(
+                    k,
+                    doc! {"find": "c", "filter": {next_name(n, false, names): 1}},
+                );
+            }
+            Slot::BulkOps => {
+                d.insert("nsInfo", vec![doc! {"ns": "app.c"}]);
+                d.insert(
+                    "ops",
+                    vec![
+                        doc! {"insert": 0, "document": {next_name(n, true, names): 1}},
+                        doc! {"update": 0, "filter": {next_name(n, false, names): 1}, "updateMods": {"$set": {next_name(n, true, names): 1}}},
+                        doc! {"delete": 0, "filter": {next_name(n, false, names): 1}},
+                    ],
+                );
+            }
+        }
+    }
+    d
+}
+
+/// Every catalogue entry through the passes that walk it: each slot's name
+/// is noted as missing (stored or read, as the entry says) by a dictionary
+/// that lacks it, and replaced by its token by one that has it.
+#[test]
+fn every_slot_of_every_command_is_walked() {
+    let policies = Policies::new(Policy::new(4, &[], "laconic"));
+    for entry in CATALOGUE.iter().filter(|e| !e.slots.is_empty()) {
+        let mut names = Vec::new();
+        let mut body = doc! {entry.name: "c", "$db": "app"};
+        body.extend(sample(entry.slots, &mut 0, &mut names));
+        if entry.stores == Stores::Output {
+            body.insert(
+                "pipeline",
+                vec![doc! {"$match": {"slot_name_1": 1}}, doc! {"$out": "c"}],
+            );
+        }
+        let everything = matches!(entry.stores, Stores::Everything | Stores::Output);
+
+        // Nothing known yet: every name is noted, stored or read.
+        let misses = std::cell::RefCell::new(Misses::default());
+        let noting = |storing| Noting {
+            inner: std::sync::Arc::new(Dictionary::default()),
+            db: "app",
+            misses: &misses,
+            storing,
+        };
+        let (read, store) = (noting(false), noting(true));
+        let mut c = cmd(body.clone());
+        command(
+            &mut c,
+            "app",
+            &policies,
+            Lookup {
+                read: &read,
+                store: &store,
+            },
+        )
+        .unwrap();
+        let m = misses.into_inner();
+        for (name, stored) in &names {
+            let in_stored = m.stored_names.iter().any(|(_, n)| n == name);
+            let in_read = m.read_names.iter().any(|(_, n)| n == name);
+            assert!(
+                in_stored || in_read,
+                "{}: {name} was not looked up",
+                entry.name
+            );
+            assert_eq!(
+                in_stored,
+                *stored || everything,
+                "{}: {name} stored?",
+                entry.name
+            );
+        }
+
+        // Every name known: none is left in its logical form.
+        let mut dict = Dictionary::default();
+        dict.add_names(&names.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>());
+        let mut c = cmd(body);
+        command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap();
+        let text = format!("{:?}", c.body);
+        for (name, _) in &names {
+            assert!(
+                !text.contains(name.as_str()),
+                "{}: {name} left as it was in {text}",
+                entry.name
+            );
+        }
+    }
+}
+
+#[test]
+fn commands_the_catalogue_does_not_list_are_refused_unless_declared() {
+    let policies = Policies::new(Policy::new(4, &[], "laconic"));
+    let dict = Dictionary::default();
+    let mut c = cmd(doc! {"frobnicate": "c", "$db": "app", "filter": {"long_name": 1}});
+    assert!(matches!(
+        command(&mut c, "app", &policies, Lookup::of(&dict)),
+        Err(ProxyError::Unsupported(_))
+    ));
+    let mut declared = policies.clone();
+    declared.pass_through = vec!["frobnicate".into()];
+    command(&mut c, "app", &declared, Lookup::of(&dict)).unwrap();
+    let _ = Bson::Null;
+}
