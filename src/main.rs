@@ -4,305 +4,18 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod cli;
+
 use anyhow::{bail, Context};
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
+use cli::{
+    AnalyzeArgs, AnalyzeFormat, BenchCommand, Cli, Command, MigrateArgs, ReplayArgs, ServeArgs,
+    StoreCommand, StoreTarget, UuidCommand,
+};
 use laconic::config::{Config, LogFormat};
 use laconic::downstream::Proxy;
 use laconic::upstream::UpstreamAddr;
 use tracing::{info, warn};
-
-#[derive(Parser)]
-#[command(
-    name = "laconic",
-    version,
-    about = "A transparent MongoDB wire-protocol proxy"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run the proxy.
-    Serve(Box<ServeArgs>),
-    /// Replay captured sessions against a target and report differing replies.
-    Replay(ReplayArgs),
-    /// Benchmarks: the proxy against direct and relayed connections, or the shard model.
-    #[command(subcommand)]
-    Bench(BenchCommand),
-    /// Generate or decode Locality UUIDs.
-    #[command(subcommand)]
-    Uuid(UuidCommand),
-    /// Where a collection's bytes go, and what tokenization would save.
-    Analyze(Box<AnalyzeArgs>),
-    /// Rewrite an existing collection into tokenized form, or back (--reverse).
-    Migrate(Box<MigrateArgs>),
-    /// A live view of a running proxy, from its /metrics (rates per command,
-    /// bytes saved, name store, errors).
-    Top(TopArgs),
-    /// A database's dictionary: verify, export, import, stats, init.
-    #[command(subcommand)]
-    Store(StoreCommand),
-}
-
-#[derive(Args)]
-struct StoreTarget {
-    /// The deployment (the upstream, not the proxy), as a mongodb:// URI.
-    #[arg(long, env = "LACONIC_UPSTREAM")]
-    uri: String,
-}
-
-#[derive(Subcommand)]
-enum StoreCommand {
-    /// Check a dictionary, then every document of DB (or DB.COLL) against
-    /// it; exits non-zero if a document holds tokens it does not know.
-    Verify {
-        #[command(flatten)]
-        target: StoreTarget,
-        /// DB or DB.COLL
-        namespace: String,
-    },
-    /// Write DB's dictionary to FILE (Extended JSON), or to stdout.
-    Export {
-        #[command(flatten)]
-        target: StoreTarget,
-        db: String,
-        file: Option<PathBuf>,
-    },
-    /// Put an exported dictionary back into DB: only onto an empty store or
-    /// an older state of the same dictionary.
-    Import {
-        #[command(flatten)]
-        target: StoreTarget,
-        db: String,
-        file: PathBuf,
-    },
-    /// Names, values, chain documents and mark of DB's dictionary.
-    Stats {
-        #[command(flatten)]
-        target: StoreTarget,
-        db: String,
-    },
-    /// Give DB a dictionary although it holds documents (they predate
-    /// Laconic); refused if any of them holds keys that read as tokens.
-    Init {
-        #[command(flatten)]
-        target: StoreTarget,
-        db: String,
-        /// Names per chain document.
-        #[arg(long, default_value_t = 1000)]
-        cap: usize,
-        /// Adopt even documents whose keys read as tokens.
-        #[arg(long)]
-        force: bool,
-    },
-}
-
-#[derive(Args)]
-struct TopArgs {
-    /// The proxy's metrics address (its --metrics-listen).
-    #[arg(long, default_value = "127.0.0.1:9216", env = "LACONIC_METRICS_LISTEN")]
-    metrics: String,
-    /// Seconds between two scrapes.
-    #[arg(long, default_value_t = 2.0)]
-    interval: f64,
-    /// Print the totals since the proxy started, once, and exit.
-    #[arg(long)]
-    once: bool,
-}
-
-#[derive(Args)]
-struct MigrateArgs {
-    /// The deployment (the upstream, not the proxy), as a mongodb:// URI.
-    #[arg(long, env = "LACONIC_UPSTREAM")]
-    uri: String,
-    #[arg(long)]
-    db: String,
-    #[arg(long)]
-    collection: String,
-    /// Write the documents back with full names.
-    #[arg(long)]
-    reverse: bool,
-    /// Documents per batch.
-    #[arg(long, default_value_t = 500)]
-    batch: usize,
-    /// Print what would be done (documents, indexes) and change nothing.
-    #[arg(long)]
-    dry_run: bool,
-    /// Configuration file whose [proxy.tokenize] settings apply.
-    #[arg(long, env = "LACONIC_CONFIG")]
-    config: Option<PathBuf>,
-    #[command(flatten)]
-    tokenize: TokenizeArgs,
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Throughput and latency directly, through Laconic and through a TCP relay, in one run.
-    Proxy(laconic::tools::bench::BenchArgs),
-    /// Model a range-sharded collection fed with different _id schemes.
-    Shards(laconic::locality::simulate::Params),
-    /// The cost of tokenizing and expanding a 1 KB document, against a plain copy.
-    Rewrite(laconic::tools::bench::rewrite::RewriteArgs),
-    /// Round trips and time the name store costs.
-    Store(laconic::tools::bench::store::StoreArgs),
-}
-
-#[derive(Subcommand)]
-enum UuidCommand {
-    /// Print new Locality UUIDs.
-    Gen {
-        /// Sequential mode: ids of the same 10-minute window share a prefix and increase.
-        #[arg(long)]
-        sequential: bool,
-        /// How many.
-        #[arg(short = 'n', default_value_t = 1)]
-        n: usize,
-        /// A node id that replaces the process-id and MAC fields (for containers).
-        #[arg(long, env = "LACONIC_NODE_ID")]
-        node_id: Option<u64>,
-    },
-    /// Print the counter, process id, MAC fragment and timestamp of a Locality UUID.
-    Decode {
-        uuid: String,
-        /// Read the counter as a sequential-mode (big-endian) counter.
-        #[arg(long)]
-        sequential: bool,
-    },
-}
-
-#[derive(Args)]
-struct ServeArgs {
-    /// Configuration file (TOML); see config/laconic.toml.
-    #[arg(long, env = "LACONIC_CONFIG")]
-    config: Option<PathBuf>,
-    /// Address to listen on; 127.0.0.1:0 picks a free port.
-    #[arg(long, env = "LACONIC_LISTEN")]
-    listen: Option<String>,
-    /// Upstream deployment, as a mongodb:// URI.
-    #[arg(long, env = "LACONIC_UPSTREAM")]
-    upstream: Option<String>,
-    /// Record every session's frames into DIR (format: proto/README.md).
-    #[arg(long, value_name = "DIR", env = "LACONIC_CAPTURE")]
-    capture: Option<PathBuf>,
-    /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9216).
-    #[arg(long, value_name = "ADDR", env = "LACONIC_METRICS_LISTEN")]
-    metrics_listen: Option<String>,
-    /// Collect no metrics (/metrics then says so; the health endpoints stay).
-    #[arg(long, env = "LACONIC_NO_METRICS")]
-    no_metrics: bool,
-    /// Shadow mode: compare a sample of reads with this untokenized deployment.
-    #[arg(long, value_name = "URI", env = "LACONIC_SHADOW")]
-    shadow: Option<String>,
-    /// The fraction of reads shadowed (default 0.01).
-    #[arg(long, value_name = "FRACTION", env = "LACONIC_SHADOW_SAMPLE")]
-    shadow_sample: Option<f64>,
-    /// Downstream connections served at once.
-    #[arg(long, env = "LACONIC_MAX_CONNECTIONS")]
-    max_connections: Option<usize>,
-    /// Grace period for requests in flight at shutdown, in milliseconds.
-    #[arg(long, env = "LACONIC_SHUTDOWN_GRACE_MS")]
-    shutdown_grace_ms: Option<u64>,
-    /// Compressors offered to the upstream, comma-separated (snappy, zlib, zstd).
-    #[arg(long, value_delimiter = ',', env = "LACONIC_UPSTREAM_COMPRESSORS")]
-    upstream_compressors: Option<Vec<String>>,
-    /// Rewrite a collection's shard key with Locality UUIDs:
-    /// DB.COLL:FIELD:STRATEGY[:sequential], STRATEGY being replace or derive (repeatable).
-    #[arg(long = "shard-key", value_name = "SPEC", value_parser = laconic::config::ShardKeyConfig::parse_flag)]
-    shard_keys: Vec<laconic::config::ShardKeyConfig>,
-    #[command(flatten)]
-    tokenize: TokenizeArgs,
-    /// Log format.
-    #[arg(long, value_enum, env = "LACONIC_LOG_FORMAT")]
-    log_format: Option<LogFormat>,
-    /// Log filter, e.g. info or laconic=debug.
-    #[arg(long, env = "LACONIC_LOG")]
-    log_level: Option<String>,
-}
-
-/// The tokenization flags, shared by `serve` and `analyze`.
-#[derive(Args)]
-struct TokenizeArgs {
-    /// Tokenize every field name at least N bytes long (0 turns it off), in
-    /// every database but admin, local, config and the name store's.
-    #[arg(long, value_name = "N", env = "LACONIC_TOKENIZE_MIN_LEN")]
-    tokenize_min_len: Option<usize>,
-    /// Tokenize every key under this dotted path, whatever its length (repeatable).
-    #[arg(long = "custom-path", value_name = "PATH")]
-    custom_paths: Vec<String>,
-    /// Tokenize the string values at this dotted path (repeatable).
-    #[arg(long = "value-path", value_name = "PATH")]
-    value_paths: Vec<String>,
-    /// The database that holds the name store.
-    #[arg(long, value_name = "NAME", env = "LACONIC_STORE_DB")]
-    store_db: Option<String>,
-}
-
-impl TokenizeArgs {
-    /// Flags override the file.
-    fn apply(self, t: &mut laconic::config::TokenizeConfig) {
-        if let Some(v) = self.tokenize_min_len {
-            t.min_len = v;
-        }
-        t.custom_paths.extend(self.custom_paths);
-        t.value_paths.extend(self.value_paths);
-        if let Some(v) = self.store_db {
-            t.store_db = v;
-        }
-    }
-}
-
-#[derive(Args)]
-struct AnalyzeArgs {
-    /// JSON (Extended JSON: a document, an array, or one per line) or BSON
-    /// files (one document or a concatenation, such as a mongodump .bson).
-    files: Vec<PathBuf>,
-    /// Sample a live collection instead: the deployment's URI.
-    #[arg(long)]
-    uri: Option<String>,
-    #[arg(long)]
-    db: Option<String>,
-    #[arg(long)]
-    collection: Option<String>,
-    /// Documents to sample from the live collection.
-    #[arg(long, default_value_t = 1000)]
-    sample: usize,
-    /// The namespace (db.collection) whose tokenization settings project
-    /// the saving (default: --db/--collection, or any database's).
-    #[arg(long)]
-    namespace: Option<String>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = AnalyzeFormat::Text)]
-    format: AnalyzeFormat,
-    /// Also write a bar chart of document size per input and projection.
-    #[arg(long, value_name = "FILE.svg")]
-    chart: Option<PathBuf>,
-    /// Configuration file whose [proxy.tokenize] settings are projected.
-    #[arg(long, env = "LACONIC_CONFIG")]
-    config: Option<PathBuf>,
-    #[command(flatten)]
-    tokenize: TokenizeArgs,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum AnalyzeFormat {
-    Text,
-    Json,
-}
-
-#[derive(Args)]
-struct ReplayArgs {
-    /// Capture files (.lcap).
-    #[arg(required = true)]
-    files: Vec<PathBuf>,
-    /// Where to send the requests: a mongodb:// URI (the proxy or a server).
-    #[arg(long)]
-    target: String,
-    /// Seconds to wait for each reply.
-    #[arg(long, default_value_t = 30)]
-    timeout: u64,
-}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -409,12 +122,9 @@ async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
 
 async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     use std::io::IsTerminal;
-    let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    args.tokenize.apply(&mut config.proxy.tokenize);
-    config.validate()?;
+    let config = load_config(args.config.clone(), |c| {
+        args.tokenize.apply(&mut c.proxy.tokenize)
+    })?;
     let opts = laconic::tools::migrate::Options {
         uri: args.uri,
         db: args.db,
@@ -446,12 +156,9 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 
 async fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     use laconic::tools::analyze;
-    let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    args.tokenize.apply(&mut config.proxy.tokenize);
-    config.validate()?;
+    let config = load_config(args.config.clone(), |c| {
+        args.tokenize.apply(&mut c.proxy.tokenize)
+    })?;
     let policies = config.proxy.tokenize.policies();
     let namespace = args
         .namespace
@@ -569,53 +276,7 @@ fn uuid(cmd: UuidCommand) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    let p = &mut config.proxy;
-    if let Some(v) = args.listen {
-        p.listen = v;
-    }
-    if let Some(v) = args.upstream {
-        p.upstream = v;
-    }
-    if let Some(v) = args.capture {
-        p.capture_dir = Some(v);
-    }
-    if let Some(v) = args.max_connections {
-        p.max_connections = v;
-    }
-    if let Some(v) = args.metrics_listen {
-        p.metrics_listen = Some(v);
-    }
-    if args.no_metrics {
-        p.metrics = false;
-    }
-    if let Some(uri) = args.shadow {
-        p.shadow = Some(laconic::config::ShadowConfig {
-            uri,
-            sample: p.shadow.as_ref().map_or(0.01, |s| s.sample),
-        });
-    }
-    if let (Some(s), Some(f)) = (p.shadow.as_mut(), args.shadow_sample) {
-        s.sample = f;
-    }
-    if let Some(v) = args.shutdown_grace_ms {
-        p.shutdown_grace_ms = v;
-    }
-    if let Some(v) = args.upstream_compressors {
-        p.upstream_compressors = v.into_iter().filter(|s| !s.is_empty()).collect();
-    }
-    p.shard_keys.extend(args.shard_keys);
-    args.tokenize.apply(&mut p.tokenize);
-    if let Some(v) = args.log_format {
-        config.log.format = v;
-    }
-    if let Some(v) = args.log_level.or_else(|| std::env::var("RUST_LOG").ok()) {
-        config.log.level = v;
-    }
-    config.validate()?;
+    let config = load_config(args.config.clone(), |c| args.apply(c))?;
     init_tracing(config.log.format, &config.log.level);
 
     let grace = config.proxy.shutdown_grace();
@@ -684,6 +345,21 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         bail!("{differing} replies differ");
     }
     Ok(())
+}
+
+/// The configuration: the file (or the defaults), then `apply` (the
+/// flags), then one validation.
+fn load_config(file: Option<PathBuf>, apply: impl FnOnce(&mut Config)) -> anyhow::Result<Config> {
+    let mut config = match &file {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    apply(&mut config);
+    config.validate()?;
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&config.log.level) {
+        bail!("invalid setting log.level = {:?}: {e}", config.log.level);
+    }
+    Ok(config)
 }
 
 /// A tool's error, for the binary's report.

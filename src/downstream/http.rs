@@ -63,11 +63,11 @@ async fn answer(mut stream: TcpStream, ctx: &ProxyContext) -> std::io::Result<()
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4",
-            ctx.metrics.render(&store_sizes(ctx)),
+            ctx.metrics.render(&dictionaries(ctx)),
         ),
         ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
         ("GET", "/readyz") => match ready(ctx).await {
-            Ok(()) => ("200 OK", "text/plain", "ready\n".to_owned()),
+            Ok(()) => ("200 OK", "text/plain", readiness_body(ctx)),
             Err(why) => (
                 "503 Service Unavailable",
                 "text/plain",
@@ -93,18 +93,24 @@ async fn answer(mut stream: TcpStream, ctx: &ProxyContext) -> std::io::Result<()
     stream.shutdown().await
 }
 
-fn store_sizes(ctx: &ProxyContext) -> Vec<(String, usize)> {
+fn dictionaries(ctx: &ProxyContext) -> Vec<crate::token::store::Status> {
     ctx.rewrite
         .tokens
         .as_ref()
-        .map(|t| {
-            t.store
-                .statuses()
-                .into_iter()
-                .map(|s| (s.scope, s.names))
-                .collect()
-        })
+        .map(|t| t.store.statuses())
         .unwrap_or_default()
+}
+
+/// "ready", and the databases refused for their dictionaries: the proxy
+/// stays ready (it serves every other database), and says which it refuses.
+fn readiness_body(ctx: &ProxyContext) -> String {
+    let mut body = String::from("ready\n");
+    for s in dictionaries(ctx) {
+        if let Some(why) = s.error {
+            body.push_str(&format!("refusing {}: {why}\n", s.scope));
+        }
+    }
+    body
 }
 
 /// Whether the upstream answers a ping and, with tokenization on, the name

@@ -20,8 +20,8 @@
 //! by one, written big-endian: ids made in the same window on different
 //! machines share a highly variable prefix, then increase.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use md5::{Digest, Md5};
@@ -190,7 +190,7 @@ impl Generator {
                 .fetch_add(INCREMENT, Ordering::Relaxed)
                 .wrapping_add(INCREMENT),
             Mode::Sequential => {
-                let mut s = self.sequential.lock().unwrap_or_else(|p| p.into_inner());
+                let mut s = self.sequential.lock();
                 let w = window_of(millis);
                 if s.0 != w {
                     *s = (w, window_seed(millis));

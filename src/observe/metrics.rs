@@ -1,7 +1,12 @@
 //! The proxy's counters, rendered in the Prometheus text format.
 //!
 //! Everything is an atomic or a small map of atomics: recording costs no
-//! lock on the data path beyond a map lookup by command name.
+//! lock on the data path beyond a map lookup. Clients choose command names
+//! and namespaces, so no label value comes from them unchecked: commands are
+//! those of the catalogue (any other is `other`), and namespaces, like
+//! dictionary scopes, are capped ([`MAX_NAMESPACES`] by default) with the
+//! rest folded into `other` and counted: `/metrics` stays bounded whatever
+//! clients send.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -9,10 +14,17 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
+use crate::rewrite::catalogue;
+use crate::token::store::Status;
+
 /// Latency bucket bounds, in seconds.
 const BUCKETS: [f64; 14] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
+
+/// Distinct namespaces (and dictionary scopes) given their own series
+/// before the rest are folded into `other`.
+pub const MAX_NAMESPACES: usize = 500;
 
 #[derive(Debug, Default)]
 struct Histogram {
@@ -51,34 +63,66 @@ pub enum Way {
     Out,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// Collection switched off (`proxy.metrics = false`): nothing is counted.
     off: bool,
+    max_namespaces: usize,
     connections_open: AtomicI64,
     connections_total: AtomicU64,
     connections_refused: AtomicU64,
-    /// Requests and their latency, by command name.
-    requests: DashMap<String, Histogram>,
+    /// Requests and their latency, by command name (catalogue names and
+    /// `other`).
+    requests: DashMap<&'static str, Histogram>,
     /// [client in, client out, upstream in, upstream out]
     bytes: [AtomicU64; 4],
     /// Document bytes as the application sees them and as they are stored,
     /// by "db.collection" (writes) or "db" (reads): [logical, physical].
     documents: DashMap<(String, &'static str), [AtomicU64; 2]>,
+    /// Series folded into `other` by the namespace cap.
+    folded: AtomicU64,
     /// Error replies and closed connections, by kind.
     errors: DashMap<&'static str, AtomicU64>,
     store_hits: AtomicU64,
     store_misses: AtomicU64,
     store_round_trips: AtomicU64,
     /// Shadowed reads by command: [compared, differing, unanswered].
-    shadow: DashMap<String, [AtomicU64; 3]>,
+    shadow: DashMap<&'static str, [AtomicU64; 3]>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new(true)
+    }
+}
+
+/// A command name as a label: the catalogue's spelling, or `other`.
+fn command_label(command: &str) -> &'static str {
+    catalogue::lookup(command).map_or("other", |e| e.name)
 }
 
 impl Metrics {
     pub fn new(enabled: bool) -> Metrics {
+        Metrics::with_cap(enabled, MAX_NAMESPACES)
+    }
+
+    /// With at most `max_namespaces` namespaces given their own series.
+    pub fn with_cap(enabled: bool, max_namespaces: usize) -> Metrics {
         Metrics {
             off: !enabled,
-            ..Metrics::default()
+            max_namespaces,
+            connections_open: AtomicI64::new(0),
+            connections_total: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            requests: DashMap::new(),
+            bytes: Default::default(),
+            documents: DashMap::new(),
+            folded: AtomicU64::new(0),
+            errors: DashMap::new(),
+            store_hits: AtomicU64::new(0),
+            store_misses: AtomicU64::new(0),
+            store_round_trips: AtomicU64::new(0),
+            shadow: DashMap::new(),
         }
     }
 
@@ -86,50 +130,33 @@ impl Metrics {
     pub fn enabled(&self) -> bool {
         !self.off
     }
+
     pub fn connection_opened(&self) {
-        if self.off {
-            return;
+        if !self.off {
+            self.connections_open.fetch_add(1, Relaxed);
+            self.connections_total.fetch_add(1, Relaxed);
         }
-        self.connections_open.fetch_add(1, Relaxed);
-        self.connections_total.fetch_add(1, Relaxed);
     }
 
     pub fn connection_closed(&self) {
-        if self.off {
-            return;
+        if !self.off {
+            self.connections_open.fetch_sub(1, Relaxed);
         }
-        self.connections_open.fetch_sub(1, Relaxed);
     }
 
     pub fn connection_refused(&self) {
-        if self.off {
-            return;
+        if !self.off {
+            self.connections_refused.fetch_add(1, Relaxed);
         }
-        self.connections_refused.fetch_add(1, Relaxed);
     }
 
     pub fn request(&self, command: &str, took: Duration) {
-        if self.off {
-            return;
+        if !self.off {
+            self.requests
+                .entry(command_label(command))
+                .or_default()
+                .observe(took);
         }
-        // Command names come from drivers: keep the label set bounded.
-        let name = if command.len() <= 32
-            && command
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
-            command
-        } else {
-            "other"
-        };
-        if let Some(h) = self.requests.get(name) {
-            h.observe(took);
-            return;
-        }
-        self.requests
-            .entry(name.to_owned())
-            .or_default()
-            .observe(took);
     }
 
     pub fn bytes(&self, leg: Leg, way: Way, n: usize) {
@@ -151,30 +178,38 @@ impl Metrics {
         if self.off {
             return;
         }
-        let key = (namespace.to_owned(), op);
+        let mut key = (namespace.to_owned(), op);
+        if !self.documents.contains_key(&key) && self.documents.len() >= self.max_namespaces {
+            self.folded.fetch_add(1, Relaxed);
+            key.0 = "other".into();
+        }
         let entry = self.documents.entry(key).or_default();
         entry[0].fetch_add(logical as u64, Relaxed);
         entry[1].fetch_add(physical as u64, Relaxed);
     }
 
     pub fn error(&self, kind: &'static str) {
-        if self.off {
-            return;
+        if !self.off {
+            self.errors.entry(kind).or_default().fetch_add(1, Relaxed);
         }
-        self.errors.entry(kind).or_default().fetch_add(1, Relaxed);
     }
 
     /// A command whose names the cache knew (`hit`) or that needed the store.
     pub fn store_lookup(&self, hit: bool) {
-        if self.off {
-            return;
+        if !self.off {
+            let c = if hit {
+                &self.store_hits
+            } else {
+                &self.store_misses
+            };
+            c.fetch_add(1, Relaxed);
         }
-        let c = if hit {
-            &self.store_hits
-        } else {
-            &self.store_misses
-        };
-        c.fetch_add(1, Relaxed);
+    }
+
+    pub fn store_round_trips(&self, n: usize) {
+        if !self.off {
+            self.store_round_trips.fetch_add(n as u64, Relaxed);
+        }
     }
 
     /// One shadowed read: `Some(differs)`, or `None` if the shadow did not answer.
@@ -182,7 +217,7 @@ impl Metrics {
         if self.off {
             return;
         }
-        let entry = self.shadow.entry(command.to_owned()).or_default();
+        let entry = self.shadow.entry(command_label(command)).or_default();
         let i = match outcome {
             Some(false) => 0,
             Some(true) => {
@@ -194,66 +229,56 @@ impl Metrics {
         entry[i].fetch_add(1, Relaxed);
     }
 
-    pub fn store_round_trips(&self, n: usize) {
-        if self.off {
-            return;
-        }
-        self.store_round_trips.fetch_add(n as u64, Relaxed);
-    }
-
-    /// The Prometheus text exposition; `store_sizes` are the names each
-    /// dictionary scope holds.
-    pub fn render(&self, store_sizes: &[(String, usize)]) -> String {
+    /// The Prometheus text exposition, with the dictionaries' states.
+    pub fn render(&self, dictionaries: &[Status]) -> String {
         let mut out = String::new();
         if self.off {
             out.push_str("# metrics collection is off (proxy.metrics = false)\n");
             return out;
         }
-        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        family(
-            &mut out,
-            "laconic_connections_open",
-            "gauge",
-            "Driver connections open now.",
-        );
-        let _ = writeln!(
-            out,
-            "laconic_connections_open {}",
-            self.connections_open.load(Relaxed)
-        );
-        family(
-            &mut out,
-            "laconic_connections_total",
-            "counter",
-            "Driver connections accepted.",
-        );
-        let _ = writeln!(
-            out,
-            "laconic_connections_total {}",
-            self.connections_total.load(Relaxed)
-        );
-        family(
-            &mut out,
-            "laconic_connections_refused_total",
-            "counter",
-            "Driver connections refused at the connection limit.",
-        );
-        let _ = writeln!(
-            out,
-            "laconic_connections_refused_total {}",
-            self.connections_refused.load(Relaxed)
-        );
+        self.render_connections(&mut out);
+        self.render_requests(&mut out);
+        self.render_bytes(&mut out);
+        self.render_store(&mut out, dictionaries);
+        self.render_shadow_and_errors(&mut out);
+        out
+    }
 
+    fn render_connections(&self, out: &mut String) {
+        for (name, kind, help, v) in [
+            (
+                "laconic_connections_open",
+                "gauge",
+                "Driver connections open now.",
+                self.connections_open.load(Relaxed),
+            ),
+            (
+                "laconic_connections_total",
+                "counter",
+                "Driver connections accepted.",
+                self.connections_total.load(Relaxed) as i64,
+            ),
+            (
+                "laconic_connections_refused_total",
+                "counter",
+                "Driver connections refused at the connection limit.",
+                self.connections_refused.load(Relaxed) as i64,
+            ),
+        ] {
+            family(out, name, kind, help);
+            let _ = writeln!(out, "{name} {v}");
+        }
+    }
+
+    fn render_requests(&self, out: &mut String) {
         family(
-            &mut out,
+            out,
             "laconic_request_duration_seconds",
             "histogram",
             "Requests by command: from reading the request to writing the last reply.",
         );
-        let mut commands: Vec<String> = self.requests.iter().map(|e| e.key().clone()).collect();
-        commands.sort();
+        let mut commands: Vec<&'static str> = self.requests.iter().map(|e| *e.key()).collect();
+        commands.sort_unstable();
         for c in &commands {
             let Some(h) = self.requests.get(c) else {
                 continue;
@@ -266,22 +291,16 @@ impl Metrics {
                 );
             }
             let count = h.count.load(Relaxed);
+            let sum = h.sum_micros.load(Relaxed) as f64 / 1e6;
             let _ = writeln!(
                 out,
-                "laconic_request_duration_seconds_bucket{{command=\"{c}\",le=\"+Inf\"}} {count}"
-            );
-            let _ = writeln!(
-                out,
-                "laconic_request_duration_seconds_sum{{command=\"{c}\"}} {}",
-                h.sum_micros.load(Relaxed) as f64 / 1e6
-            );
-            let _ = writeln!(
-                out,
-                "laconic_request_duration_seconds_count{{command=\"{c}\"}} {count}"
+                "laconic_request_duration_seconds_bucket{{command=\"{c}\",le=\"+Inf\"}} {count}\n\
+                 laconic_request_duration_seconds_sum{{command=\"{c}\"}} {sum}\n\
+                 laconic_request_duration_seconds_count{{command=\"{c}\"}} {count}"
             );
         }
         family(
-            &mut out,
+            out,
             "laconic_requests_total",
             "counter",
             "Requests by command.",
@@ -295,32 +314,31 @@ impl Metrics {
                 );
             }
         }
+    }
 
+    fn render_bytes(&self, out: &mut String) {
         family(
-            &mut out,
+            out,
             "laconic_bytes_total",
             "counter",
             "Wire bytes by leg and direction.",
         );
-        for (i, (leg, way)) in [
+        let legs = [
             ("client", "in"),
             ("client", "out"),
             ("upstream", "in"),
             ("upstream", "out"),
-        ]
-        .iter()
-        .enumerate()
-        {
+        ];
+        for (i, (leg, way)) in legs.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "laconic_bytes_total{{leg=\"{leg}\",direction=\"{way}\"}} {}",
                 self.bytes[i].load(Relaxed)
             );
         }
-
-        family(&mut out, "laconic_document_bytes_total", "counter", "Document bytes as the application sees them (logical) and as stored (physical), by namespace and operation.");
+        family(out, "laconic_document_bytes_total", "counter", "Document bytes as the application sees them (logical) and as stored (physical), by namespace and operation.");
         family(
-            &mut out,
+            out,
             "laconic_document_bytes_saved_total",
             "counter",
             "Logical minus physical document bytes: what tokenization saves.",
@@ -344,52 +362,72 @@ impl Metrics {
                 escape(db),
                 escape(coll)
             );
+            let saved = logical.saturating_sub(*physical);
             let _ = writeln!(
                 out,
-                "laconic_document_bytes_total{{{labels},form=\"logical\"}} {logical}"
-            );
-            let _ = writeln!(
-                out,
-                "laconic_document_bytes_total{{{labels},form=\"physical\"}} {physical}"
-            );
-            let _ = writeln!(
-                out,
-                "laconic_document_bytes_saved_total{{{labels}}} {}",
-                logical.saturating_sub(*physical)
+                "laconic_document_bytes_total{{{labels},form=\"logical\"}} {logical}\n\
+                 laconic_document_bytes_total{{{labels},form=\"physical\"}} {physical}\n\
+                 laconic_document_bytes_saved_total{{{labels}}} {saved}"
             );
         }
-
         family(
-            &mut out,
+            out,
+            "laconic_metrics_folded_total",
+            "counter",
+            "Observations counted under namespace \"other\" because the namespace cap was reached.",
+        );
+        let _ = writeln!(
+            out,
+            "laconic_metrics_folded_total {}",
+            self.folded.load(Relaxed)
+        );
+    }
+
+    fn render_store(&self, out: &mut String, dictionaries: &[Status]) {
+        family(
+            out,
             "laconic_name_store_names",
             "gauge",
-            "Names (and values) this proxy's cache holds, by dictionary scope.",
+            "Names this proxy holds, by dictionary (database).",
         );
-        for (scope, n) in store_sizes {
+        family(
+            out,
+            "laconic_dictionary_state",
+            "gauge",
+            "1 for each dictionary's state (ready, absent, or why it is refused: lost, rewound, edited, format, missing, mismatch, unknown_tokens).",
+        );
+        for s in dictionaries.iter().take(self.max_namespaces) {
+            let scope = escape(&s.scope);
             let _ = writeln!(
                 out,
-                "laconic_name_store_names{{scope=\"{}\"}} {n}",
-                escape(scope)
+                "laconic_name_store_names{{scope=\"{scope}\"}} {}\n\
+                 laconic_dictionary_state{{scope=\"{scope}\",state=\"{}\"}} 1",
+                s.names, s.state
             );
         }
         family(
-            &mut out,
+            out,
+            "laconic_dictionaries_refused",
+            "gauge",
+            "Dictionaries whose databases are refused now (lost, rewound, edited…).",
+        );
+        let refused = dictionaries.iter().filter(|s| s.error.is_some()).count();
+        let _ = writeln!(out, "laconic_dictionaries_refused {refused}");
+        family(
+            out,
             "laconic_name_store_lookups_total",
             "counter",
             "Commands whose names the cache knew (hit) or that needed the store (miss).",
         );
         let _ = writeln!(
             out,
-            "laconic_name_store_lookups_total{{result=\"hit\"}} {}",
-            self.store_hits.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "laconic_name_store_lookups_total{{result=\"miss\"}} {}",
+            "laconic_name_store_lookups_total{{result=\"hit\"}} {}\n\
+             laconic_name_store_lookups_total{{result=\"miss\"}} {}",
+            self.store_hits.load(Relaxed),
             self.store_misses.load(Relaxed)
         );
         family(
-            &mut out,
+            out,
             "laconic_name_store_round_trips_total",
             "counter",
             "Round trips to the name store (reads and allocations).",
@@ -399,24 +437,21 @@ impl Metrics {
             "laconic_name_store_round_trips_total {}",
             self.store_round_trips.load(Relaxed)
         );
+    }
 
+    fn render_shadow_and_errors(&self, out: &mut String) {
         family(
-            &mut out,
+            out,
             "laconic_shadow_reads_total",
             "counter",
             "Reads shadowed to the untokenized deployment, by command and outcome.",
         );
-        let mut shadowed: Vec<(String, [u64; 3])> = self
+        let mut shadowed: Vec<(&str, [u64; 3])> = self
             .shadow
             .iter()
-            .map(|e| {
-                (
-                    e.key().clone(),
-                    [0, 1, 2].map(|i| e.value()[i].load(Relaxed)),
-                )
-            })
+            .map(|e| (*e.key(), [0, 1, 2].map(|i| e.value()[i].load(Relaxed))))
             .collect();
-        shadowed.sort();
+        shadowed.sort_unstable();
         for (c, counts) in shadowed {
             for (outcome, n) in ["compared", "different", "unanswered"].iter().zip(counts) {
                 let _ = writeln!(
@@ -426,7 +461,7 @@ impl Metrics {
             }
         }
         family(
-            &mut out,
+            out,
             "laconic_errors_total",
             "counter",
             "Error replies and closed connections, by kind (refusals are CommandNotSupported).",
@@ -436,23 +471,47 @@ impl Metrics {
             .iter()
             .map(|e| (*e.key(), e.value().load(Relaxed)))
             .collect();
-        errors.sort();
+        errors.sort_unstable();
         for (kind, n) in errors {
             let _ = writeln!(out, "laconic_errors_total{{kind=\"{kind}\"}} {n}");
         }
-        out
     }
 }
 
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A label value as Prometheus quotes it.
 fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(scope: &str, names: usize) -> Status {
+        Status {
+            scope: scope.into(),
+            state: "ready",
+            names,
+            values: 0,
+            error: None,
+        }
+    }
 
     #[test]
     fn switched_off_counts_nothing() {
@@ -468,7 +527,7 @@ mod tests {
         assert_eq!(m.connections_total.load(Relaxed), 0);
         assert_eq!(m.bytes[0].load(Relaxed), 0);
         assert_eq!(
-            m.render(&[("app".into(), 12)]),
+            m.render(&[status("app", 12)]),
             "# metrics collection is off (proxy.metrics = false)\n"
         );
         assert!(Metrics::new(true).enabled());
@@ -483,7 +542,7 @@ mod tests {
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
-        let text = m.render(&[("app".into(), 12)]);
+        let text = m.render(&[status("app", 12)]);
         for line in [
             "laconic_connections_open 1",
             "laconic_requests_total{command=\"insert\"} 2",
@@ -492,6 +551,7 @@ mod tests {
             "laconic_bytes_total{leg=\"client\",direction=\"in\"} 100",
             "laconic_document_bytes_saved_total{db=\"app\",collection=\"users\",op=\"write\"} 400",
             "laconic_name_store_names{scope=\"app\"} 12",
+            "laconic_dictionary_state{scope=\"app\",state=\"ready\"} 1",
             "laconic_errors_total{kind=\"CommandNotSupported\"} 1",
         ] {
             assert!(
@@ -499,5 +559,19 @@ mod tests {
                 "{line} missing from\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn label_values_from_clients_stay_bounded() {
+        let m = Metrics::with_cap(true, 10);
+        for i in 0..20_000 {
+            m.request(&format!("cmd{i}\nINFO forged"), Duration::from_micros(5));
+            m.documents(&format!("db{i}.c"), "write", 10, 5);
+        }
+        let text = m.render(&[]);
+        assert!(text.len() < 20_000, "{} bytes", text.len());
+        assert!(text.contains("laconic_requests_total{command=\"other\"} 20000"));
+        assert!(text.contains("laconic_metrics_folded_total 19990"));
+        assert_eq!(escape("a\"b\n\u{1}"), "a\\\"b\\n\\u{1}");
     }
 }

@@ -92,20 +92,7 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
         .collection(crate::token::dictionary::COLLECTION);
     let state_id = format!("migration/{}", opts.collection);
     let label = format!("{}.{}", opts.db, opts.collection);
-    let state = state_coll.find_one(doc! {"_id": &state_id}).await?;
-    let mut last: Bson = Bson::MinKey;
-    if let Some(s) = &state {
-        let dir = s.get_str("direction").unwrap_or_default();
-        let done = s.get_bool("done").unwrap_or(false);
-        if !done && dir != direction(opts.reverse) {
-            crate::tools::bail!(
-                "a {dir} migration of {label} is unfinished: run it to the end before going the other way"
-            );
-        }
-        if !done {
-            last = s.get("last_id").cloned().unwrap_or(Bson::MinKey);
-        }
-    }
+    let last = resume_point(&state_coll, &state_id, &label, opts.reverse).await?;
     let (size_before, storage_before) = coll_stats(&db, &opts.collection).await;
     let total = coll.estimated_document_count().await.unwrap_or(0);
     store.refresh(&opts.db).await?;
@@ -127,22 +114,7 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
     .await?;
 
     if opts.dry_run {
-        println!(
-            "would migrate {label} {} ({total} documents, {size_before} B of data){}",
-            if opts.reverse {
-                "back to full names"
-            } else {
-                "to tokens"
-            },
-            if matches!(last, Bson::MinKey) {
-                String::new()
-            } else {
-                format!(", resuming after _id {last}")
-            }
-        );
-        for (name, key) in &index_plan {
-            println!("would rebuild index {name} on {key}");
-        }
+        print_dry_run(&label, opts, &last, total, size_before, &index_plan);
         return Ok(Summary {
             size_before,
             storage_before,
@@ -150,102 +122,32 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
         });
     }
 
-    state_coll
-        .update_one(
-            doc! {"_id": &state_id},
-            doc! {"$set": {"direction": direction(opts.reverse), "done": false, "updated": bson::DateTime::now()},
-                  "$setOnInsert": {"started": bson::DateTime::now(), "last_id": Bson::MinKey, "rewritten": 0i64}},
-        )
-        .upsert(true)
-        .await?;
-    // Proxies look for migrations once a second: give them time to see this
-    // one (and to pause updates, match both forms) before anything changes.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    announce(&state_coll, &state_id, opts.reverse).await?;
 
-    let bar = opts.progress.then(|| {
-        let bar = indicatif::ProgressBar::new(total);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} docs  {per_sec}  ETA {eta}  {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
+    let bar = opts.progress.then(|| progress_bar(total));
     let mut summary = Summary {
         size_before,
         storage_before,
         ..Summary::default()
     };
     let started = Instant::now();
-    // One cursor in `_id` order (an index scan), read a batch at a time. A
-    // cursor lost on the way (a server restart, an idle timeout) is opened
-    // again after the last `_id` done.
-    // Once it ends, one more is opened after the last `_id` done, for the
-    // documents inserted meanwhile, until one finds nothing.
-    let mut cursor = None;
-    let mut reopened = 0;
-    let mut read_since_open = 0;
-    loop {
-        let mut batch: Vec<RawDocumentBuf> = Vec::with_capacity(opts.batch);
-        while batch.len() < opts.batch {
-            let c = match &mut cursor {
-                Some(c) => c,
-                None => cursor.insert(
-                    coll.find(doc! {"_id": {"$gt": last.clone()}})
-                        .sort(doc! {"_id": 1})
-                        .hint(mongodb::options::Hint::Keys(doc! {"_id": 1}))
-                        .batch_size(opts.batch as u32)
-                        .await?,
-                ),
-            };
-            match c.try_next().await {
-                Ok(Some(d)) => {
-                    read_since_open += 1;
-                    batch.push(d);
-                }
-                Ok(None) if read_since_open == 0 => break,
-                Ok(None) => {
-                    cursor = None;
-                    read_since_open = 0;
-                    if !batch.is_empty() {
-                        break; // done first, so that `last` moves past it
-                    }
-                }
-                Err(e) if reopened < 3 => {
-                    tracing::warn!(error = %e, "migration cursor lost; reading again after the last _id done");
-                    reopened += 1;
-                    cursor = None;
-                    read_since_open = 0;
-                    if !batch.is_empty() {
-                        break; // done first, so that `last` moves past it
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let Some(tail) = batch.last() else { break };
-        let tail_id = tail
-            .get("_id")?
-            .map(|v| v.to_raw_bson())
-            .and_then(|v| Bson::try_from(v).ok())
-            .unwrap_or(Bson::MaxKey);
+    let target = Target {
+        coll: &coll,
+        store: &store,
+        db: &opts.db,
+        policy: &policy,
+        reverse: opts.reverse,
+    };
+    let mut reader = Batches::new(&coll, last, opts.batch);
+    while let Some(batch) = reader.next().await? {
         summary.examined += batch.len() as u64;
-        let target = Target {
-            coll: &coll,
-            store: &store,
-            db: &opts.db,
-            policy: &policy,
-            reverse: opts.reverse,
-        };
         let (rewritten, retried) = target.convert(batch).await?;
         summary.rewritten += rewritten;
         summary.retried += retried;
-        last = tail_id;
         state_coll
             .update_one(
                 doc! {"_id": &state_id},
-                doc! {"$set": {"last_id": last.clone(), "updated": bson::DateTime::now()},
+                doc! {"$set": {"last_id": reader.last.clone(), "updated": bson::DateTime::now()},
                 "$inc": {"rewritten": rewritten as i64}},
             )
             .await?;
@@ -270,6 +172,163 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
     summary.size_after = size_after;
     summary.storage_after = storage_after;
     Ok(summary)
+}
+
+/// Marks the collection as migrating, then waits: proxies read the markers
+/// with their dictionaries once a second, and must see this one (and match
+/// both forms) before anything changes.
+async fn announce(
+    state_coll: &Collection<Document>,
+    state_id: &str,
+    reverse: bool,
+) -> crate::tools::Result<()> {
+    state_coll
+        .update_one(
+            doc! {"_id": state_id},
+            doc! {"$set": {"direction": direction(reverse), "done": false, "updated": bson::DateTime::now()},
+                  "$setOnInsert": {"started": bson::DateTime::now(), "last_id": Bson::MinKey, "rewritten": 0i64}},
+        )
+        .upsert(true)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+/// Where an unfinished migration of the same direction stopped (the start
+/// otherwise); an unfinished one of the other direction is refused.
+async fn resume_point(
+    state_coll: &Collection<Document>,
+    state_id: &str,
+    label: &str,
+    reverse: bool,
+) -> crate::tools::Result<Bson> {
+    let state = state_coll.find_one(doc! {"_id": state_id}).await?;
+    let Some(s) = state else {
+        return Ok(Bson::MinKey);
+    };
+    let dir = s.get_str("direction").unwrap_or_default();
+    if s.get_bool("done").unwrap_or(false) {
+        return Ok(Bson::MinKey);
+    }
+    if dir != direction(reverse) {
+        crate::tools::bail!(
+            "a {dir} migration of {label} is unfinished: run it to the end before going the other way"
+        );
+    }
+    Ok(s.get("last_id").cloned().unwrap_or(Bson::MinKey))
+}
+
+fn print_dry_run(
+    label: &str,
+    opts: &Options,
+    last: &Bson,
+    total: u64,
+    size_before: i64,
+    index_plan: &[(String, Document)],
+) {
+    let way = if opts.reverse {
+        "back to full names"
+    } else {
+        "to tokens"
+    };
+    let resume = if matches!(last, Bson::MinKey) {
+        String::new()
+    } else {
+        format!(", resuming after _id {last}")
+    };
+    println!("would migrate {label} {way} ({total} documents, {size_before} B of data){resume}");
+    for (name, key) in index_plan {
+        println!("would rebuild index {name} on {key}");
+    }
+}
+
+fn progress_bar(total: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} docs  {per_sec}  ETA {eta}  {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// A collection's documents in `_id` order, a batch at a time, after the
+/// last `_id` done: one cursor (an index scan); one lost on the way (a
+/// server restart, an idle timeout) is opened again after the last `_id`
+/// done, and once it ends one more is opened, for documents inserted
+/// meanwhile, until one finds nothing.
+struct Batches<'a> {
+    coll: &'a Collection<RawDocumentBuf>,
+    /// The `_id` of the last document handed out.
+    last: Bson,
+    size: usize,
+    cursor: Option<mongodb::Cursor<RawDocumentBuf>>,
+    reopened: usize,
+    read_since_open: usize,
+}
+
+impl<'a> Batches<'a> {
+    fn new(coll: &'a Collection<RawDocumentBuf>, after: Bson, size: usize) -> Batches<'a> {
+        Batches {
+            coll,
+            last: after,
+            size,
+            cursor: None,
+            reopened: 0,
+            read_since_open: 0,
+        }
+    }
+
+    async fn next(&mut self) -> crate::tools::Result<Option<Vec<RawDocumentBuf>>> {
+        let mut batch: Vec<RawDocumentBuf> = Vec::with_capacity(self.size);
+        while batch.len() < self.size {
+            let c = match &mut self.cursor {
+                Some(c) => c,
+                None => self.cursor.insert(
+                    self.coll
+                        .find(doc! {"_id": {"$gt": self.last.clone()}})
+                        .sort(doc! {"_id": 1})
+                        .hint(mongodb::options::Hint::Keys(doc! {"_id": 1}))
+                        .batch_size(self.size as u32)
+                        .await?,
+                ),
+            };
+            match c.try_next().await {
+                Ok(Some(d)) => {
+                    self.read_since_open += 1;
+                    batch.push(d);
+                }
+                Ok(None) if self.read_since_open == 0 => break,
+                Ok(None) => {
+                    self.cursor = None;
+                    self.read_since_open = 0;
+                    if !batch.is_empty() {
+                        break; // done first, so that `last` moves past it
+                    }
+                }
+                Err(e) if self.reopened < 3 => {
+                    tracing::warn!(error = %e, "migration cursor lost; reading again after the last _id done");
+                    self.reopened += 1;
+                    self.cursor = None;
+                    self.read_since_open = 0;
+                    if !batch.is_empty() {
+                        break; // done first, so that `last` moves past it
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let Some(tail) = batch.last() else {
+            return Ok(None);
+        };
+        self.last = tail
+            .get("_id")?
+            .map(|v| v.to_raw_bson())
+            .and_then(|v| Bson::try_from(v).ok())
+            .unwrap_or(Bson::MaxKey);
+        Ok(Some(batch))
+    }
 }
 
 /// Indexes whose key pattern changes form: (name, new key pattern).

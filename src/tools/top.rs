@@ -238,12 +238,32 @@ pub fn view(before: &Scrape, after: &Scrape, secs: f64) -> String {
             rate("laconic_name_store_round_trips_total", &[]),
         );
     }
+    let refused = after.sum("laconic_dictionaries_refused", &[]);
+    if refused > 0.0 {
+        let _ = writeln!(out, "dictionaries {refused} refused (see /readyz)");
+    }
     for kind in after.label_values("laconic_errors_total", "kind") {
         let r = rate("laconic_errors_total", &[("kind", &kind)]);
         if r > 0.0 {
             let _ = writeln!(out, "  errors      {kind}: {r:.1}{per}");
         }
     }
+    out.push_str(&commands(before, after, secs));
+    out
+}
+
+/// The table of commands by rate, with their latencies.
+fn commands(before: &Scrape, after: &Scrape, secs: f64) -> String {
+    let per = if secs > 0.0 { "/s" } else { "" };
+    let rate = |name: &str, with: &[(&str, &str)]| {
+        let d = after.sum(name, with) - before.sum(name, with);
+        if secs > 0.0 {
+            d / secs
+        } else {
+            d
+        }
+    };
+    let mut out = String::new();
     let mut rows: Vec<(String, f64)> = after
         .label_values("laconic_requests_total", "command")
         .into_iter()
@@ -343,7 +363,13 @@ mod tests {
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
         m.store_lookup(true);
-        let after = Scrape::parse(&m.render(&[("app".into(), 12)]));
+        let after = Scrape::parse(&m.render(&[crate::token::store::Status {
+            scope: "app".into(),
+            state: "ready",
+            names: 12,
+            values: 0,
+            error: None,
+        }]));
         assert_eq!(after.sum("laconic_requests_total", &[]), 101.0);
         assert_eq!(
             after.sum("laconic_requests_total", &[("command", "find")]),

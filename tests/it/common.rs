@@ -3,7 +3,9 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 
 use bson::{doc, Document, RawDocumentBuf};
 use bytes::Bytes;
@@ -76,7 +78,7 @@ impl Upstream {
     /// waits for it to exit.
     pub fn stop(&self) {
         if let Some(p) = &self._process {
-            let mut child = p.lock().unwrap();
+            let mut child = p.lock();
             drop(child.stdin.take());
             let _ = child.wait();
         }
@@ -266,7 +268,6 @@ pub async fn tap(target: String) -> Tap {
                         break;
                     }
                     seen.lock()
-                        .unwrap()
                         .push(i32::from_le_bytes(rest[8..12].try_into().unwrap()));
                     if uw.write_all(&len).await.is_err() || uw.write_all(&rest).await.is_err() {
                         break;

@@ -1,7 +1,9 @@
 //! The handshake: drivers stay on the proxy, see a capped wire version, and
 //! may compress their leg whatever the upstream supports.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use bson::{doc, Document, RawDocumentBuf};
 use futures::TryStreamExt;
@@ -26,13 +28,13 @@ async fn a_driver_without_direct_connection_stays_on_the_proxy() {
     let s1 = seen.clone();
     opts.sdam_event_handler = Some(EventHandler::callback(move |e: SdamEvent| {
         if let SdamEvent::ServerDescriptionChanged(e) = e {
-            s1.lock().unwrap().push(e.address.to_string());
+            s1.lock().push(e.address.to_string());
         }
     }));
     let s2 = seen.clone();
     opts.cmap_event_handler = Some(EventHandler::callback(move |e: CmapEvent| {
         if let CmapEvent::ConnectionCreated(e) = e {
-            s2.lock().unwrap().push(e.address.to_string());
+            s2.lock().push(e.address.to_string());
         }
     }));
     let client = Client::with_options(opts).unwrap();
@@ -41,7 +43,7 @@ async fn a_driver_without_direct_connection_stays_on_the_proxy() {
         .collection::<Document>("c");
     c.insert_one(doc! {"x": 1}).await.unwrap();
     let _: Vec<Document> = c.find(doc! {}).await.unwrap().try_collect().await.unwrap();
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.lock().clone();
     assert!(!seen.is_empty());
     assert!(
         seen.iter().all(|a| a == &proxy.addr.to_string()),
@@ -261,7 +263,7 @@ async fn the_upstream_leg_is_compressed_only_when_the_upstream_accepts_it() {
     let read: Vec<Document> = common::by_id(&c, doc! {}).await;
     assert_eq!(read, docs);
 
-    let opcodes = tap.opcodes.lock().unwrap().clone();
+    let opcodes = tap.opcodes.lock().clone();
     assert_eq!(
         opcodes.first(),
         Some(&2013),

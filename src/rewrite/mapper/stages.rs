@@ -57,14 +57,7 @@ impl Mapper<'_> {
             ("$project", Bson::Document(p)) => Bson::Document(self.projection(p, &[])?),
             ("$addFields" | "$set", Bson::Document(f)) => Bson::Document(self.add_fields(f)?),
             ("$unset", Bson::String(p)) => Bson::String(self.path(p, &[])),
-            ("$unset", Bson::Array(a)) => Bson::Array(
-                a.iter()
-                    .map(|p| match p {
-                        Bson::String(p) => Bson::String(self.path(p, &[])),
-                        other => other.clone(),
-                    })
-                    .collect(),
-            ),
+            ("$unset", Bson::Array(a)) => Bson::Array(self.paths(a)),
             ("$redact", e) => self.expr(e, &[], &none)?,
             ("$replaceRoot", Bson::Document(r)) => {
                 let mut out = r.clone();
@@ -75,75 +68,19 @@ impl Mapper<'_> {
             }
             ("$replaceWith", e) => self.expr_as(e, &[], &none, Use::Moved)?,
             ("$group", Bson::Document(g)) => Bson::Document(self.group(g)?),
-            ("$bucket" | "$bucketAuto", Bson::Document(b)) => {
-                let mut out = Document::new();
-                for (k, v) in b {
-                    let v = match k.as_str() {
-                        "groupBy" => self.expr(v, &[], &none)?,
-                        "output" => match v {
-                            Bson::Document(o) => Bson::Document(self.accumulators(o)?),
-                            other => other.clone(),
-                        },
-                        _ => v.clone(),
-                    };
-                    out.insert(k.clone(), v);
-                }
-                Bson::Document(out)
-            }
+            ("$bucket" | "$bucketAuto", Bson::Document(b)) => Bson::Document(self.bucket(b)?),
             ("$sortByCount", e) => self.expr(e, &[], &none)?,
-            ("$facet", Bson::Document(f)) => {
-                let mut out = Document::new();
-                for (k, v) in f {
-                    let stages = v.as_array().map_or(&[][..], Vec::as_slice);
-                    out.insert(self.name(&[], k), self.sub_pipeline(stages)?);
-                }
-                Bson::Document(out)
-            }
+            ("$facet", Bson::Document(f)) => Bson::Document(self.facet(f)?),
             ("$unwind", Bson::String(p)) => Bson::String(self.field_ref(p)),
-            ("$unwind", Bson::Document(u)) => {
-                let mut out = u.clone();
-                if let Ok(p) = u.get_str("path") {
-                    out.insert("path", self.field_ref(p));
-                }
-                if let Ok(i) = u.get_str("includeArrayIndex") {
-                    out.insert("includeArrayIndex", self.path(i, &[]));
-                }
-                Bson::Document(out)
-            }
+            ("$unwind", Bson::Document(u)) => Bson::Document(self.unwind(u)),
             ("$lookup", Bson::Document(l)) => Bson::Document(self.lookup(l)?),
             ("$graphLookup", Bson::Document(g)) => Bson::Document(self.graph_lookup(g)?),
             ("$unionWith", Bson::String(_)) => arg.clone(),
-            ("$unionWith", Bson::Document(u)) => {
-                let coll = u.get_str("coll").unwrap_or_default();
-                let foreign = self.for_collection(coll);
-                let mut out = u.clone();
-                if let Ok(p) = u.get_array("pipeline") {
-                    out.insert("pipeline", foreign.sub_pipeline(p)?);
-                }
-                Bson::Document(out)
-            }
+            ("$unionWith", Bson::Document(u)) => Bson::Document(self.union_with(u)?),
             ("$setWindowFields", Bson::Document(w)) => Bson::Document(self.window_fields(w)?),
-            ("$densify", Bson::Document(d)) => {
-                let mut out = d.clone();
-                if let Ok(f) = d.get_str("field") {
-                    out.insert("field", self.path(f, &[]));
-                }
-                self.path_list(&mut out, "partitionByFields");
-                Bson::Document(out)
-            }
+            ("$densify", Bson::Document(d)) => Bson::Document(self.densify(d)),
             ("$fill", Bson::Document(f)) => Bson::Document(self.fill(f)?),
-            ("$geoNear", Bson::Document(g)) => {
-                let mut out = g.clone();
-                for k in ["distanceField", "includeLocs", "key"] {
-                    if let Ok(p) = g.get_str(k) {
-                        out.insert(k, self.path(p, &[]));
-                    }
-                }
-                if let Ok(q) = g.get_document("query") {
-                    out.insert("query", self.checked_filter(q, &[])?);
-                }
-                Bson::Document(out)
-            }
+            ("$geoNear", Bson::Document(g)) => Bson::Document(self.geo_near(g)?),
             ("$documents", Bson::Array(docs)) => Bson::Array(
                 docs.iter()
                     .map(|d| self.expr_as(d, &[], &none, Use::Moved))
@@ -306,6 +243,77 @@ impl Mapper<'_> {
 }
 
 impl Mapper<'_> {
+    /// A list of path strings (`$unset`).
+    fn paths(&self, a: &[Bson]) -> Vec<Bson> {
+        a.iter()
+            .map(|p| match p {
+                Bson::String(p) => Bson::String(self.path(p, &[])),
+                other => other.clone(),
+            })
+            .collect()
+    }
+
+    fn bucket(&self, b: &Document) -> Result<Document, ProxyError> {
+        each_field(b, |k, v| {
+            Ok(match (k, v) {
+                ("groupBy", v) => self.expr(v, &[], &Vars::default())?,
+                ("output", Bson::Document(o)) => Bson::Document(self.accumulators(o)?),
+                _ => v.clone(),
+            })
+        })
+    }
+
+    fn facet(&self, f: &Document) -> Result<Document, ProxyError> {
+        let mut out = Document::new();
+        for (k, v) in f {
+            let stages = v.as_array().map_or(&[][..], Vec::as_slice);
+            out.insert(self.name(&[], k), self.sub_pipeline(stages)?);
+        }
+        Ok(out)
+    }
+
+    fn unwind(&self, u: &Document) -> Document {
+        let mut out = u.clone();
+        if let Ok(p) = u.get_str("path") {
+            out.insert("path", self.field_ref(p));
+        }
+        if let Ok(i) = u.get_str("includeArrayIndex") {
+            out.insert("includeArrayIndex", self.path(i, &[]));
+        }
+        out
+    }
+
+    fn union_with(&self, u: &Document) -> Result<Document, ProxyError> {
+        let foreign = self.for_collection(u.get_str("coll").unwrap_or_default());
+        let mut out = u.clone();
+        if let Ok(p) = u.get_array("pipeline") {
+            out.insert("pipeline", foreign.sub_pipeline(p)?);
+        }
+        Ok(out)
+    }
+
+    fn densify(&self, d: &Document) -> Document {
+        let mut out = d.clone();
+        if let Ok(f) = d.get_str("field") {
+            out.insert("field", self.path(f, &[]));
+        }
+        self.path_list(&mut out, "partitionByFields");
+        out
+    }
+
+    fn geo_near(&self, g: &Document) -> Result<Document, ProxyError> {
+        let mut out = g.clone();
+        for k in ["distanceField", "includeLocs", "key"] {
+            if let Ok(p) = g.get_str(k) {
+                out.insert(k, self.path(p, &[]));
+            }
+        }
+        if let Ok(q) = g.get_document("query") {
+            out.insert("query", self.checked_filter(q, &[])?);
+        }
+        Ok(out)
+    }
+
     fn add_fields(&self, f: &Document) -> Result<Document, ProxyError> {
         let mut out = Document::new();
         for (k, v) in f {

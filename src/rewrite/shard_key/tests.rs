@@ -1,6 +1,8 @@
 use bson::{doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, Document};
 
 use super::*;
+use crate::config::shard_key::{Rule, Strategy};
+use crate::locality::Mode;
 use crate::rewrite::command::Command;
 
 fn replace_rule() -> ShardKeys {

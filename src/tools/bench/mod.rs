@@ -115,6 +115,9 @@ impl Op {
 
 const PRELOADED: usize = 1000;
 
+/// One operation at one concurrency, measured on each target.
+type Case<'a> = (Op, usize, Vec<(&'a str, Measurement)>);
+
 pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     let addr = UpstreamAddr::parse(&args.upstream).map_err(crate::tools::Error::from)?;
     let upstream_host = addr.hosts[0].clone();
@@ -183,6 +186,24 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
             String::new()
         }
     );
+    let summary = run_cases(&args, &clients).await?;
+    print_summary(&summary);
+    for (_, client, coll) in clients {
+        coll.drop().await?;
+        client.shutdown().await;
+    }
+    proxy.shutdown.trigger();
+    if let Some(q) = quiet {
+        q.shutdown.trigger();
+    }
+    Ok(())
+}
+
+/// Every case, the targets taking turns in rotating rounds.
+async fn run_cases<'a>(
+    args: &BenchArgs,
+    clients: &[(&'a str, Client, Collection<Document>)],
+) -> crate::tools::Result<Vec<Case<'a>>> {
     println!(
         "{:<26} {:>3} {:<10} {:>10} {:>9} {:>9}",
         "operation", "c", "target", "ops/s", "p50 µs", "p99 µs"
@@ -217,6 +238,11 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
         }
     }
 
+    Ok(summary)
+}
+
+/// The ratios of each case, from one run.
+fn print_summary(summary: &[Case<'_>]) {
     println!();
     println!(
         "{:<26} {:>3} {:>18} {:>18} {:>22} {:>18}",
@@ -227,7 +253,7 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
         "added p50 vs relay's",
         "metrics on/off"
     );
-    for (op, c, results) in &summary {
+    for (op, c, results) in summary {
         let get = |n: &str| results.iter().find(|(name, _)| *name == n).map(|(_, m)| m);
         let (Some(d), Some(l)) = (get("direct"), get("laconic")) else {
             continue;
@@ -251,15 +277,6 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
             get("no-metrics").map_or("-".into(), |q| ratio(Some(l), q)),
         );
     }
-    for (_, client, coll) in clients {
-        coll.drop().await?;
-        client.shutdown().await;
-    }
-    proxy.shutdown.trigger();
-    if let Some(q) = quiet {
-        q.shutdown.trigger();
-    }
-    Ok(())
 }
 
 fn sample(i: i64) -> Document {

@@ -13,6 +13,9 @@ use serde::Deserialize;
 
 use crate::wire::{Compressor, MAX_MESSAGE_SIZE};
 
+pub mod shard_key;
+pub mod uri;
+
 /// The whole configuration.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -179,7 +182,7 @@ fn default_shard_field() -> String {
 }
 
 impl ShardKeyConfig {
-    pub fn to_rule(&self) -> Result<crate::rewrite::shard_key::Rule, String> {
+    pub fn to_rule(&self) -> Result<shard_key::Rule, String> {
         let mode = match self.mode.as_str() {
             "" | "default" => crate::locality::Mode::Default,
             "sequential" => crate::locality::Mode::Sequential,
@@ -189,7 +192,7 @@ impl ShardKeyConfig {
                 ))
             }
         };
-        crate::rewrite::shard_key::Rule::new(
+        shard_key::Rule::new(
             &self.namespace,
             &self.field,
             &self.strategy,
@@ -200,7 +203,7 @@ impl ShardKeyConfig {
 
     /// Parses the `--shard-key DB.COLL:FIELD:STRATEGY[:sequential]` flag.
     pub fn parse_flag(spec: &str) -> Result<ShardKeyConfig, String> {
-        let rule = crate::rewrite::shard_key::Rule::parse(spec)?;
+        let rule = shard_key::Rule::parse(spec)?;
         Ok(ShardKeyConfig {
             namespace: rule.namespace,
             field: rule.field,
@@ -316,7 +319,7 @@ impl Config {
                 "expected HOST:PORT with an IP address",
             ));
         }
-        crate::upstream::UpstreamAddr::parse(&p.upstream)
+        uri::UpstreamAddr::parse(&p.upstream)
             .map_err(|e| invalid("proxy.upstream", p.upstream.clone(), &e))?;
         if p.max_connections == 0 {
             return Err(invalid(
@@ -346,7 +349,33 @@ impl Config {
                 }
             }
         }
-        let t = &p.tokenize;
+        p.tokenize.validate()?;
+        if let Some(s) = &p.shadow {
+            if !(s.sample > 0.0 && s.sample <= 1.0) {
+                return Err(invalid(
+                    "proxy.shadow.sample",
+                    s.sample.to_string(),
+                    "a fraction above 0 and at most 1",
+                ));
+            }
+        }
+        for rule in &p.shard_keys {
+            rule.to_rule()
+                .map_err(|e| invalid("proxy.shard_keys", rule.namespace.clone(), &e))?;
+        }
+        Ok(())
+    }
+}
+
+impl TokenizeConfig {
+    /// Checks the tokenization settings; the first bad one is reported.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |setting, value: String, reason: &str| ConfigError::Invalid {
+            setting,
+            value,
+            reason: reason.to_owned(),
+        };
+        let t = self;
         if t.cap == 0 {
             return Err(invalid(
                 "proxy.tokenize.cap",
@@ -394,22 +423,6 @@ impl Config {
                 ));
             }
         }
-        if let Some(s) = &p.shadow {
-            if !(s.sample > 0.0 && s.sample <= 1.0) {
-                return Err(invalid(
-                    "proxy.shadow.sample",
-                    s.sample.to_string(),
-                    "a fraction above 0 and at most 1",
-                ));
-            }
-        }
-        for rule in &p.shard_keys {
-            rule.to_rule()
-                .map_err(|e| invalid("proxy.shard_keys", rule.namespace.clone(), &e))?;
-        }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
-            return Err(invalid("log.level", self.log.level.clone(), &e.to_string()));
-        }
         Ok(())
     }
 }
@@ -438,7 +451,7 @@ impl ProxyConfig {
         Self::compressors(&self.upstream_compressors)
     }
     /// The shard-key rules (validated by [`Config::validate`]; invalid ones are dropped).
-    pub fn shard_key_rules(&self) -> Vec<crate::rewrite::shard_key::Rule> {
+    pub fn shard_key_rules(&self) -> Vec<shard_key::Rule> {
         self.shard_keys
             .iter()
             .filter_map(|r| r.to_rule().ok())

@@ -1,0 +1,182 @@
+//! ⑦ A reply: tokens expanded (raw bytes to raw bytes), shard-key values
+//! restored, and a cursor batch that expansion made too large cut, the
+//! rest held for the cursor's next `getMore`.
+
+use super::{
+    command, cursor, expand, hello, raw, shard_key, CursorFact, LegState, ReplyPlan, ReplyRules,
+    Settings,
+};
+use crate::error::ProxyError;
+use crate::token::{Integrity, Tokens};
+use crate::wire::{Frame, Message};
+
+/// A rewritten reply, the cursor documents it could not carry, and what it
+/// said of its cursor.
+#[derive(Debug)]
+pub struct Replied {
+    pub frame: Frame,
+    /// Held back for the cursor's next `getMore`, under the id the driver
+    /// now knows the cursor by.
+    pub held: Option<(i64, cursor::Held)>,
+    pub cursor: CursorFact,
+}
+
+impl From<Frame> for Replied {
+    fn from(frame: Frame) -> Replied {
+        Replied {
+            frame,
+            held: None,
+            cursor: CursorFact::default(),
+        }
+    }
+}
+
+/// Rewrites one decompressed reply according to its request's plan.
+pub fn reply(
+    frame: Frame,
+    plan: &ReplyPlan,
+    legs: &mut LegState,
+    settings: &Settings,
+) -> Result<Replied, ProxyError> {
+    let mut fact = CursorFact::default();
+    match plan {
+        ReplyPlan::Forward => Ok(frame.into()),
+        ReplyPlan::Hello(h) => hello::reply(frame, h, legs).map(Replied::from),
+        ReplyPlan::Rewrite(rules) => {
+            let Message::Msg(m) = frame.message() else {
+                return Ok(frame.into());
+            };
+            // Tokens first, raw bytes to raw bytes, so that shard-key rules
+            // see logical names.
+            let mut body: Option<bson::RawDocumentBuf> = None;
+            if rules.strings != expand::Strings::Data {
+                fact = cursor_fact(m.body(), rules);
+            }
+            if let (expand::Strings::ClusterEvents, Some(t)) = (rules.strings, &settings.tokens) {
+                body = expand_cluster_events(m.body(), t)?;
+            }
+            if let (Some(scope), Some(t)) = (&rules.expand, &settings.tokens) {
+                if rules.strings != expand::Strings::Data || raw::needed(m.body().as_bytes()) {
+                    let names = t.store.dictionary(scope)?;
+                    let expanded = expand::raw_document_with(m.body(), &*names, rules.strings)
+                        .map_err(|u| Integrity::UnknownTokens {
+                            scope: scope.clone(),
+                            count: u.count(),
+                        })?;
+                    body = Some(expanded);
+                }
+            }
+            let current = body.as_deref().unwrap_or(m.body());
+            let restore =
+                rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
+            if restore || rules.shard.hide.is_some() {
+                let mut doc = command::to_document(current)?;
+                if shard_key::reply(&rules.shard, &mut doc) {
+                    body = Some(command::to_raw(&doc)?);
+                }
+            }
+            let Some(mut body) = body else {
+                return Ok(Replied {
+                    cursor: fact,
+                    ..frame.into()
+                });
+            };
+            // Expansion makes replies larger. A cursor batch is cut to the
+            // server's own limit and the rest held back (`cursor`), unless
+            // the reply is part of an exhaust stream, which has no getMore
+            // to serve the rest from.
+            let mut held = None;
+            if !m.flags.more_to_come() {
+                if let Some((cut, id, rest)) = cursor::split(&body, cursor::MAX_REPLY_BODY)? {
+                    body = cut;
+                    held = Some((id, rest));
+                }
+            }
+            // A driver closes the connection on a message over
+            // maxMessageSizeBytes. Never send one.
+            let grown = m.encoded_len() - m.body().as_bytes().len() + body.as_bytes().len();
+            if grown > crate::wire::MAX_MESSAGE_SIZE {
+                return Err(ProxyError::ReplyTooLarge(grown));
+            }
+            let mut m = m.clone();
+            m.set_body(body);
+            Ok(Replied {
+                frame: frame.with_message(Message::Msg(m)),
+                held,
+                cursor: fact,
+            })
+        }
+    }
+}
+
+/// Expands each event of a cluster-wide change stream's batch with the
+/// dictionary of the database it comes from.
+fn expand_cluster_events(
+    body: &bson::RawDocument,
+    t: &Tokens,
+) -> Result<Option<bson::RawDocumentBuf>, ProxyError> {
+    let mut doc = command::to_document(body)?;
+    let Ok(cursor) = doc.get_document_mut("cursor") else {
+        return Ok(None);
+    };
+    let field = if cursor.contains_key("firstBatch") {
+        "firstBatch"
+    } else {
+        "nextBatch"
+    };
+    let Ok(batch) = cursor.get_array_mut(field) else {
+        return Ok(None);
+    };
+    let mut changed = false;
+    for event in batch.iter_mut() {
+        let bson::Bson::Document(e) = event else {
+            continue;
+        };
+        let Some(db) = e
+            .get_document("ns")
+            .ok()
+            .and_then(|ns| ns.get_str("db").ok())
+            .filter(|db| t.policies.applies_to(db))
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        let raw = command::to_raw(e)?;
+        let names = t.store.dictionary(&db)?;
+        let expanded =
+            expand::raw_document_with(&raw, &*names, expand::Strings::Events).map_err(|u| {
+                Integrity::UnknownTokens {
+                    scope: db.clone(),
+                    count: u.count(),
+                }
+            })?;
+        *e = command::to_document(&expanded)?;
+        changed = true;
+    }
+    if !changed {
+        return Ok(None);
+    }
+    command::to_raw(&doc).map(Some)
+}
+
+/// What a reply says of its cursor: the kind of one that stays open, or
+/// the end of the one a `getMore` continued.
+fn cursor_fact(body: &bson::RawDocument, rules: &ReplyRules) -> CursorFact {
+    let Some(id) = body
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_i64("id").ok())
+    else {
+        return CursorFact::default();
+    };
+    match (id, rules.get_more) {
+        (0, done) => CursorFact {
+            open: None,
+            closed: done,
+        },
+        (id, _) => CursorFact {
+            open: Some((id, rules.strings)),
+            closed: None,
+        },
+    }
+}
