@@ -4,7 +4,8 @@
 
 use bson::RawDocumentBuf;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use laconic::rewrite::{expand, raw};
+use laconic::rewrite::mapper::raw;
+use laconic::rewrite::{expand, walker};
 use laconic::tools::bench::rewrite::sample;
 
 fn rewrite(c: &mut Criterion) {
@@ -20,7 +21,7 @@ fn rewrite(c: &mut Criterion) {
     g.bench_function("element_copy", |b| {
         b.iter(|| {
             let mut out = Vec::with_capacity(2048);
-            raw::copy(doc.as_bytes(), &mut out).unwrap();
+            walker::copy(doc.as_bytes(), &mut out).unwrap();
             out
         })
     });

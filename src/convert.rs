@@ -9,8 +9,9 @@ use bson::{doc, Bson, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::Collection;
 
+use crate::rewrite::expand;
 use crate::rewrite::mapper::paths as tokenize;
-use crate::rewrite::{expand, raw};
+use crate::rewrite::mapper::raw;
 use crate::token::{NameStore, Names, Policy};
 
 /// A conversion that could not be done.
@@ -29,7 +30,7 @@ pub enum ConvertError {
     #[error(transparent)]
     Decode(#[from] bson::de::Error),
     #[error(transparent)]
-    Malformed(#[from] crate::rewrite::raw::Malformed),
+    Malformed(#[from] crate::rewrite::walker::Malformed),
     #[error("{0}")]
     Other(String),
 }

@@ -47,6 +47,10 @@ pub enum ProxyError {
     /// A reply that expansion would make larger than a message may be.
     #[error("the reply would be {0} bytes with logical names, over the 48,000,000-byte message limit; use a smaller batchSize")]
     ReplyTooLarge(usize),
+    /// A request nested deeper than MongoDB accepts (`maxBSONDepth`): the
+    /// server's own error.
+    #[error("BSONObj exceeds maximum nested object depth")]
+    Overflow,
     /// A client may not do this (write a dictionary's collections).
     #[error("{0}")]
     Unauthorized(String),
@@ -69,7 +73,8 @@ impl ProxyError {
             ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamLost(_) => Side::Upstream,
             ProxyError::UnsupportedOpQuery(_)
             | ProxyError::Unsupported(_)
-            | ProxyError::Unauthorized(_) => Side::Downstream,
+            | ProxyError::Unauthorized(_)
+            | ProxyError::Overflow => Side::Downstream,
             ProxyError::Store(_) | ProxyError::Dictionary(_) | ProxyError::Migration(_) => {
                 Side::Upstream
             }
@@ -89,6 +94,7 @@ impl ProxyError {
             ProxyError::UnsupportedOpQuery(_) => (352, "UnsupportedOpQueryCommand"),
             ProxyError::Unsupported(_) => (115, "CommandNotSupported"),
             ProxyError::Unauthorized(_) => (13, "Unauthorized"),
+            ProxyError::Overflow => (15, "Overflow"),
             ProxyError::Migration(_) => (112, "WriteConflict"),
             ProxyError::Store(StoreError::Unreachable(_)) => (6, "HostUnreachable"),
             ProxyError::Store(StoreError::Refused { code, .. }) => (*code, code_name(*code)),
@@ -108,6 +114,7 @@ impl ProxyError {
             ProxyError::UnsupportedOpQuery(_)
                 | ProxyError::Unsupported(_)
                 | ProxyError::Unauthorized(_)
+                | ProxyError::Overflow
                 | ProxyError::Migration(_)
                 | ProxyError::Store(_)
                 | ProxyError::Dictionary(_)
@@ -159,7 +166,11 @@ fn code_name(code: i32) -> &'static str {
 pub fn error_document(err: &ProxyError) -> RawDocumentBuf {
     let (code, name) = err.code();
     let mut errmsg = err.to_string();
-    if !matches!(err, ProxyError::UnsupportedOpQuery(_)) {
+    // The server's own errors keep the server's own words.
+    if !matches!(
+        err,
+        ProxyError::UnsupportedOpQuery(_) | ProxyError::Overflow
+    ) {
         errmsg = format!("laconic: {errmsg}");
     }
     let d = doc! { "ok": 0.0, "errmsg": errmsg, "code": code, "codeName": name };

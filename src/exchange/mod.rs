@@ -178,7 +178,7 @@ impl Exchange {
         }
         if let (Some(shadow), Message::Msg(m)) = (&ctx.shadow, self.frame.message()) {
             if self.expects_reply() && shadow.wants(&self.command, m.body()) {
-                self.shadowed = bson::Document::try_from(m.body()).ok();
+                self.shadowed = rewrite::to_document(m.body()).ok();
             }
         }
         Ok(Step::Forward(out))
@@ -204,7 +204,7 @@ impl Exchange {
                 }
             }
             if let (Some(logical), Some(shadow)) = (&self.shadowed, &ctx.shadow) {
-                if let Ok(answer) = bson::Document::try_from(m.body()) {
+                if let Ok(answer) = rewrite::to_document(m.body()) {
                     tokio::spawn(shadow.clone().check(
                         logical.clone(),
                         answer,

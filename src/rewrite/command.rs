@@ -95,7 +95,32 @@ impl Command {
     }
 }
 
+/// The documents a field holds, whether a driver sent them in the body (as
+/// an array) or as a kind-1 sequence under the field's name.
+pub fn documents<'m>(m: &'m OpMsg, field: &str) -> Vec<&'m RawDocument> {
+    let in_body = m
+        .body()
+        .get_array(field)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|v| v.as_document());
+    let in_sequences = m
+        .sequences()
+        .filter(|s| s.identifier == field)
+        .flat_map(|s| s.documents.iter())
+        .filter_map(|d| RawDocument::from_bytes(d).ok());
+    in_body.chain(in_sequences).collect()
+}
+
+/// An owned document. Checked by the walker first: the owned parse
+/// recurses, and no input may make it recurse without bound.
 pub fn to_document(raw: &RawDocument) -> Result<Document, ProxyError> {
+    match super::walker::validate(raw.as_bytes()) {
+        Err(super::walker::Malformed::TooDeep) => return Err(ProxyError::Overflow),
+        Err(e) => return Err(invalid(&e.to_string())),
+        Ok(()) => {}
+    }
     Document::try_from(raw).map_err(|e| invalid(&e.to_string()))
 }
 

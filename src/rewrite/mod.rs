@@ -13,14 +13,14 @@ mod guard;
 mod hello;
 pub mod mapper;
 pub mod names;
-pub mod raw;
 mod reply;
 mod request;
 pub mod shard_key;
+pub mod walker;
 
 use crate::token::Tokens;
 use crate::wire::{Compressor, Frame};
-pub use command::Command;
+pub use command::{to_document, Command};
 use names::Misses;
 use shard_key::{ReplyNeeds, ShardKeys};
 
@@ -28,9 +28,7 @@ pub use hello::{is_hello, MAX_WIRE_VERSION};
 pub use reply::{reply, Replied};
 pub use request::{admit, inserted_bytes, request, token_scope};
 
-/// How deeply documents may nest: MongoDB's own limit for any BSON object
-/// (`maxBSONDepth`); anything deeper is refused as the server refuses it.
-pub const MAX_DEPTH: usize = 200;
+pub use walker::MAX_DEPTH;
 
 /// What the rewriters need to know about the deployment.
 #[derive(Clone, Debug, Default)]

@@ -3,7 +3,7 @@
 //! rest held for the cursor's next `getMore`.
 
 use super::{
-    command, cursor, expand, hello, raw, shard_key, CursorFact, LegState, ReplyPlan, ReplyRules,
+    command, cursor, expand, hello, shard_key, CursorFact, LegState, ReplyPlan, ReplyRules,
     Settings,
 };
 use crate::error::ProxyError;
@@ -56,13 +56,12 @@ pub fn reply(
                 body = expand_cluster_events(m.body(), t)?;
             }
             if let (Some(scope), Some(t)) = (&rules.expand, &settings.tokens) {
-                if rules.strings != expand::Strings::Data || raw::needed(m.body().as_bytes()) {
+                if rules.strings != expand::Strings::Data
+                    || expand::raw::needed(m.body().as_bytes())
+                {
                     let names = t.store.dictionary(scope)?;
                     let expanded = expand::raw_document_with(m.body(), &*names, rules.strings)
-                        .map_err(|u| Integrity::UnknownTokens {
-                            scope: scope.clone(),
-                            count: u.count(),
-                        })?;
+                        .map_err(|e| unreadable(e, scope))?;
                     body = Some(expanded);
                 }
             }
@@ -70,6 +69,9 @@ pub fn reply(
             let restore =
                 rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
             if restore || rules.shard.hide.is_some() {
+                crate::rewrite::walker::validate(current.as_bytes()).map_err(|e| {
+                    ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
+                })?;
                 let mut doc = command::to_document(current)?;
                 if shard_key::reply(&rules.shard, &mut doc) {
                     body = Some(command::to_raw(&doc)?);
@@ -143,13 +145,8 @@ fn expand_cluster_events(
         };
         let raw = command::to_raw(e)?;
         let names = t.store.dictionary(&db)?;
-        let expanded =
-            expand::raw_document_with(&raw, &*names, expand::Strings::Events).map_err(|u| {
-                Integrity::UnknownTokens {
-                    scope: db.clone(),
-                    count: u.count(),
-                }
-            })?;
+        let expanded = expand::raw_document_with(&raw, &*names, expand::Strings::Events)
+            .map_err(|e| unreadable(e, &db))?;
         *e = command::to_document(&expanded)?;
         changed = true;
     }
@@ -178,5 +175,20 @@ fn cursor_fact(body: &bson::RawDocument, rules: &ReplyRules) -> CursorFact {
             open: Some((id, rules.strings)),
             closed: None,
         },
+    }
+}
+
+/// A reply that cannot be expanded: tokens the dictionary lacks (read it
+/// again, or refuse), or bytes the walker cannot go through.
+fn unreadable(e: expand::Unreadable, scope: &str) -> ProxyError {
+    match e {
+        expand::Unreadable::Unknown(u) => Integrity::UnknownTokens {
+            scope: scope.to_owned(),
+            count: u.count(),
+        }
+        .into(),
+        expand::Unreadable::Malformed(m) => {
+            ProxyError::Internal(format!("the upstream's reply cannot be read: {m}"))
+        }
     }
 }

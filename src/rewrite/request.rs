@@ -6,9 +6,10 @@ use bson::RawBsonRef;
 use super::catalogue::{self, Replies};
 use super::names::{Misses, Noting};
 use super::shard_key::ReplyNeeds;
+use super::walker::{self, Malformed};
 use super::{
-    expand, guard, hello, mapper, raw, Command, CursorKinds, LegState, ReplyPlan, ReplyRules,
-    Rewritten, Settings,
+    expand, guard, hello, mapper, Command, CursorKinds, LegState, ReplyPlan, ReplyRules, Rewritten,
+    Settings,
 };
 use crate::error::ProxyError;
 use crate::token::Migration;
@@ -72,9 +73,9 @@ pub fn token_scope(m: &OpMsg, settings: &Settings) -> Result<Option<String>, Pro
             .filter(|db| t.policies.applies_to(db))
             .map(str::to_owned));
     }
-    let cmd = Command::from_msg(m)?;
-    let mut dbs: Vec<String> = mapper::bulk_write_namespaces(&cmd)
+    let mut dbs: Vec<String> = super::command::documents(m, "nsInfo")
         .into_iter()
+        .filter_map(|d| d.get_str("ns").ok())
         .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
         .filter(|db| t.policies.applies_to(db))
         .collect();
@@ -139,6 +140,13 @@ fn rewrite_command(
         return Ok(Rewritten::unchanged(plan));
     }
     let misses = std::cell::RefCell::new(Misses::default());
+    let raw_insert = name == "insert" && !concerns && tokens.is_some() && scope.is_some();
+    if !raw_insert {
+        // Checked before anything parses it: an owned parse recurses.
+        if let Err(e) = validate(m) {
+            return malformed(e);
+        }
+    }
     let msg = match (tokens, scope) {
         // The hot write path: inserted documents go raw to raw, against one
         // snapshot of the dictionary.
@@ -154,9 +162,10 @@ fn rewrite_command(
                 misses: &misses,
                 storing: true,
             };
-            raw::insert(m, t.policies.get(scope, coll), &names).map_err(|e| {
-                ProxyError::Unsupported(format!("an insert that is not valid BSON: {e}"))
-            })?
+            match mapper::raw::insert(m, t.policies.get(scope, coll), &names) {
+                Ok(msg) => msg,
+                Err(e) => return malformed(e),
+            }
         }
         _ => {
             let mut cmd = Command::from_msg(m)?;
@@ -189,6 +198,29 @@ fn rewrite_command(
         plan: ReplyPlan::Rewrite(rules),
         misses: misses.into_inner(),
     })
+}
+
+/// Checks a request's body and document sequences before anything parses
+/// them.
+fn validate(m: &OpMsg) -> Result<(), Malformed> {
+    walker::validate(m.body().as_bytes())?;
+    for seq in m.sequences() {
+        for d in &seq.documents {
+            walker::validate(d)?;
+        }
+    }
+    Ok(())
+}
+
+/// What becomes of a request the walker cannot go through: one nested
+/// deeper than MongoDB accepts gets the server's own error for it; one that
+/// is not valid BSON goes upstream as it is, to be refused there exactly as
+/// without the proxy (it cannot be a write the server would take).
+fn malformed(e: Malformed) -> Result<Rewritten, ProxyError> {
+    match e {
+        Malformed::TooDeep => Err(ProxyError::Overflow),
+        Malformed::Invalid(_) => Ok(Rewritten::unchanged(ReplyPlan::Forward)),
+    }
 }
 
 /// Keeps the dictionaries' own changes (`__laconic`, `__laconic_mark`) out

@@ -17,6 +17,7 @@
 mod expr;
 pub mod paths;
 mod query;
+pub mod raw;
 mod stages;
 mod write;
 

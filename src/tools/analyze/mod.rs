@@ -26,7 +26,8 @@ use serde::Serialize;
 
 pub use report::{chart_svg, saving, text};
 
-use crate::rewrite::raw;
+use crate::rewrite::mapper::raw;
+use crate::rewrite::walker;
 use crate::token::{Dictionary, Names, Policy};
 
 /// Where the bytes of one or more documents go.
@@ -63,7 +64,7 @@ impl Breakdown {
     }
 
     /// Adds one document's raw bytes.
-    pub fn add(&mut self, doc: &[u8]) -> Result<(), raw::Malformed> {
+    pub fn add(&mut self, doc: &[u8]) -> Result<(), walker::Malformed> {
         self.add_named(doc, None)
     }
 
@@ -73,7 +74,7 @@ impl Breakdown {
         &mut self,
         doc: &[u8],
         names: Option<&dyn Names>,
-    ) -> Result<(), raw::Malformed> {
+    ) -> Result<(), walker::Malformed> {
         let mut by_type: BTreeMap<u8, usize> = self
             .data_by_type
             .iter()
@@ -84,7 +85,7 @@ impl Breakdown {
             by_type: &mut by_type,
             names,
         };
-        walker.container(doc, "root")?;
+        walker.container(doc, "root", 0)?;
         self.documents += 1;
         self.total += doc.len();
         self.data_by_type = by_type
@@ -103,10 +104,11 @@ struct Walker<'a> {
 
 impl Walker<'_> {
     /// A document or array held by the field `name`.
-    fn container(&mut self, doc: &[u8], name: &str) -> Result<(), raw::Malformed> {
+    fn container(&mut self, doc: &[u8], name: &str, depth: usize) -> Result<(), walker::Malformed> {
         *self.b.document_lengths.entry(name.to_owned()).or_default() += 4;
         self.b.null_terminators += 1;
-        for (kind, key, value) in raw::elements_of(doc)? {
+        for e in walker::elements(doc) {
+            let walker::Element { kind, key, value } = e?;
             self.b.attributes += key.len();
             self.b.null_terminators += 1;
             let key = String::from_utf8_lossy(key);
@@ -116,22 +118,30 @@ impl Walker<'_> {
                 }
                 None => key.into_owned(),
             };
-            self.value(kind, &label, value)?;
+            self.value(kind, &label, value, depth)?;
         }
         Ok(())
     }
 
-    fn value(&mut self, kind: u8, key: &str, v: &[u8]) -> Result<(), raw::Malformed> {
+    fn value(
+        &mut self,
+        kind: u8,
+        key: &str,
+        v: &[u8],
+        depth: usize,
+    ) -> Result<(), walker::Malformed> {
         match kind {
-            0x03 => self.container(v, key),
+            0x03 => self.container(v, key, walker::descend(depth)?),
             0x04 => {
                 // Elements of an array count under the array's name.
                 *self.b.document_lengths.entry(key.to_owned()).or_default() += 4;
                 self.b.null_terminators += 1;
-                for (kind, index, value) in raw::elements_of(v)? {
-                    self.b.attributes += index.len();
+                let depth = walker::descend(depth)?;
+                for e in walker::elements(v) {
+                    let e = e?;
+                    self.b.attributes += e.key.len();
                     self.b.null_terminators += 1;
-                    self.value(kind, key, value)?;
+                    self.value(e.kind, key, e.value, depth)?;
                 }
                 Ok(())
             }
@@ -234,7 +244,7 @@ pub fn analyse(
     label: &str,
     docs: &[RawDocumentBuf],
     policy: &Policy,
-) -> Result<Analysis, raw::Malformed> {
+) -> Result<Analysis, walker::Malformed> {
     let mut dict = Dictionary::default();
     let mut names = Vec::new();
     let mut values = Vec::new();

@@ -19,6 +19,8 @@ use crate::token::namespace::{
 };
 use crate::token::Names;
 
+pub mod raw;
+
 /// Tokens the cache does not know yet: refresh the store, then expand again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Unknown {
@@ -197,8 +199,8 @@ pub(super) fn path_string(s: &str, names: &dyn Names, unknown: &mut Vec<String>)
     Some(format!("{prefix}{}", key(rest, names, unknown)))
 }
 
-/// Expands a raw reply; fails with the tokens the cache lacks.
-pub fn raw_document(doc: &RawDocument, names: &dyn Names) -> Result<RawDocumentBuf, Unknown> {
+/// Expands a raw reply whose strings are data.
+pub fn raw_document(doc: &RawDocument, names: &dyn Names) -> Result<RawDocumentBuf, Unreadable> {
     raw_document_with(doc, names, Strings::Data)
 }
 
@@ -207,22 +209,33 @@ pub fn raw_document_with(
     doc: &RawDocument,
     names: &dyn Names,
     strings: Strings,
-) -> Result<RawDocumentBuf, Unknown> {
+) -> Result<RawDocumentBuf, Unreadable> {
     let mut unknown = Unknown::default();
     let mut out = Vec::with_capacity(doc.as_bytes().len() * 2);
-    // Malformed input cannot come from a server's reply that parsed; if it
-    // does, the reply is left for the caller to forward unchanged.
-    if super::raw::expand(doc.as_bytes(), names, strings, &mut unknown, &mut out).is_err() {
-        return Ok(doc.to_owned());
-    }
+    // A reply the walker cannot go through (a server never sends one) is
+    // not forwarded: its tokens could not be expanded.
+    raw::expand(doc.as_bytes(), names, strings, &mut unknown, &mut out)
+        .map_err(Unreadable::Malformed)?;
     if !unknown.is_empty() {
         unknown.names.sort_unstable();
         unknown.names.dedup();
         unknown.values.sort_unstable();
         unknown.values.dedup();
-        return Err(unknown);
+        return Err(Unreadable::Unknown(unknown));
     }
-    Ok(RawDocumentBuf::from_bytes(out).unwrap_or_else(|_| doc.to_owned()))
+    RawDocumentBuf::from_bytes(out).map_err(|_| {
+        Unreadable::Malformed(crate::rewrite::walker::Malformed::Invalid(
+            "an expanded reply",
+        ))
+    })
+}
+
+/// Why a reply cannot be expanded.
+#[derive(Debug)]
+pub enum Unreadable {
+    /// Tokens the dictionary lacks: read it again, or fail closed.
+    Unknown(Unknown),
+    Malformed(crate::rewrite::walker::Malformed),
 }
 
 /// Names inside an error message (`dup key: { <token>: … }`), best effort:

@@ -1,0 +1,321 @@
+//! Tokenizing raw bytes: inserted documents, element by element, without
+//! building owned documents. Every value not changed is copied as a slice;
+//! only keys (and, at value paths, strings) change. The result is exactly
+//! what the owned mapper gives ([`super::paths::document`]; property-tested
+//! below).
+
+use std::borrow::Cow;
+
+use crate::rewrite::walker::{
+    as_str, begin, descend, elements, finish, header, string_of, Element, Malformed,
+};
+use crate::token::namespace::{escape, value_bytes, Token, VALUE_SUBTYPE};
+use crate::token::{Names, Policy};
+
+/// Tokenizes a stored-to-be document: keys in their scope, values at value
+/// paths as value tokens; everything else copied.
+pub fn tokenize(
+    doc: &[u8],
+    policy: &Policy,
+    names: &dyn Names,
+    out: &mut Vec<u8>,
+) -> Result<(), Malformed> {
+    Tokenizer { policy, names }.doc(doc, false, &mut Vec::new(), out, 0)
+}
+
+/// One policy and one dictionary, applied to documents.
+struct Tokenizer<'p> {
+    policy: &'p Policy,
+    names: &'p dyn Names,
+}
+
+impl Tokenizer<'_> {
+    fn doc<'d>(
+        &self,
+        doc: &'d [u8],
+        is_array: bool,
+        parent: &mut Vec<&'d str>,
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), Malformed> {
+        let start = begin(out);
+        for e in elements(doc) {
+            let e = e?;
+            if is_array {
+                self.value(e, e.key, false, parent, out, depth)?;
+                continue;
+            }
+            let key = as_str(e.key)?;
+            let stored = StoredKey::of(parent, key, self.policy, self.names);
+            parent.push(key);
+            let at_value_path =
+                !self.policy.value_paths.is_empty() && self.policy.is_value_path(parent);
+            self.value(e, stored.bytes(), at_value_path, parent, out, depth)?;
+            parent.pop();
+        }
+        finish(out, start);
+        Ok(())
+    }
+
+    /// One element's value, under its stored `key`.
+    fn value<'d>(
+        &self,
+        e: Element<'d>,
+        key: &[u8],
+        at_value_path: bool,
+        parent: &mut Vec<&'d str>,
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), Malformed> {
+        let v = e.value;
+        match e.kind {
+            0x02 if at_value_path => match self.names.value_token(string_of(v)?) {
+                Some(t) => {
+                    header(out, 0x05, key);
+                    let (bytes, len) = value_bytes(t);
+                    out.extend_from_slice(&(len as i32).to_le_bytes());
+                    out.push(VALUE_SUBTYPE);
+                    out.extend_from_slice(&bytes[..len]);
+                }
+                None => {
+                    header(out, e.kind, key);
+                    out.extend_from_slice(v);
+                }
+            },
+            0x04 if at_value_path => {
+                header(out, e.kind, key);
+                let start = begin(out);
+                let depth = descend(depth)?;
+                for x in elements(v) {
+                    let x = x?;
+                    self.value(x, x.key, true, parent, out, depth)?;
+                }
+                finish(out, start);
+            }
+            0x03 if at_value_path && has_each(v)? => {
+                // `{$each: [...]}` in an update, or a document at a value path:
+                // as the owned rewriter does, only `$each` is read as values.
+                header(out, e.kind, key);
+                let start = begin(out);
+                let depth = descend(depth)?;
+                for x in elements(v) {
+                    let x = x?;
+                    if x.key == b"$each" {
+                        self.value(x, x.key, true, parent, out, depth)?;
+                    } else {
+                        header(out, x.kind, x.key);
+                        out.extend_from_slice(x.value);
+                    }
+                }
+                finish(out, start);
+            }
+            0x03 | 0x04 => {
+                header(out, e.kind, key);
+                self.doc(v, e.kind == 0x04, parent, out, descend(depth)?)?;
+            }
+            _ => {
+                header(out, e.kind, key);
+                out.extend_from_slice(v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A key as stored, built without allocating.
+enum StoredKey<'k> {
+    Plain(&'k str),
+    Token(Token),
+    Escaped(String),
+}
+
+impl<'k> StoredKey<'k> {
+    fn of(parent: &[&str], key: &'k str, policy: &Policy, names: &dyn Names) -> StoredKey<'k> {
+        if policy.tokenizes(parent, key) {
+            if let Some(t) = names.token(key) {
+                return StoredKey::Token(t);
+            }
+        }
+        match escape(key) {
+            Cow::Borrowed(k) => StoredKey::Plain(k),
+            Cow::Owned(k) => StoredKey::Escaped(k),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            StoredKey::Plain(k) => k.as_bytes(),
+            StoredKey::Token(t) => t.as_bytes(),
+            StoredKey::Escaped(k) => k.as_bytes(),
+        }
+    }
+}
+
+/// Whether a document holds a `$each` field.
+fn has_each(doc: &[u8]) -> Result<bool, Malformed> {
+    for e in elements(doc) {
+        if e?.key == b"$each" {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// An `insert` with every document tokenized, whether the documents came
+/// in the body's `documents` array or in a kind-1 sequence; everything else
+/// is kept as it was.
+pub fn insert(
+    m: &crate::wire::OpMsg,
+    policy: &Policy,
+    names: &dyn Names,
+) -> Result<crate::wire::OpMsg, Malformed> {
+    use crate::wire::Section;
+    let mut out = m.clone();
+    out.flags = m.flags.without_checksum();
+    for section in &mut out.sections {
+        match section {
+            Section::Body(b) => {
+                let mut body = Vec::with_capacity(b.len());
+                let start = begin(&mut body);
+                for e in elements(b) {
+                    let e = e?;
+                    header(&mut body, e.kind, e.key);
+                    if e.key == b"documents" && e.kind == 0x04 {
+                        let array = begin(&mut body);
+                        for d in elements(e.value) {
+                            let d = d?;
+                            header(&mut body, d.kind, d.key);
+                            if d.kind == 0x03 {
+                                tokenize(d.value, policy, names, &mut body)?;
+                            } else {
+                                body.extend_from_slice(d.value);
+                            }
+                        }
+                        finish(&mut body, array);
+                    } else {
+                        body.extend_from_slice(e.value);
+                    }
+                }
+                finish(&mut body, start);
+                *b = bytes::Bytes::from(body);
+            }
+            Section::Sequence(seq) if seq.identifier == "documents" => {
+                for d in &mut seq.documents {
+                    let mut stored = Vec::with_capacity(d.len());
+                    tokenize(d, policy, names, &mut stored)?;
+                    *d = bytes::Bytes::from(stored);
+                }
+            }
+            Section::Sequence(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{doc, Bson, Document, RawDocumentBuf};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rewrite::expand::raw::expand;
+    use crate::rewrite::expand::{Strings, Unknown};
+    use crate::rewrite::mapper::paths as tokenize;
+    use crate::token::Dictionary;
+
+    fn policy() -> Policy {
+        Policy::new(6, &["custom".into()], "laconic").with_value_paths(&["artists".into()])
+    }
+
+    fn dictionary(doc: &Document, policy: &Policy) -> Dictionary {
+        let mut names = Vec::new();
+        tokenize::collect_names(doc, policy, &mut names);
+        let mut values = Vec::new();
+        tokenize::collect_values(doc, policy, &mut values);
+        let mut d = Dictionary::default();
+        d.add_names(&names);
+        d.add_values(&values);
+        d
+    }
+
+    fn check(doc: &Document) {
+        let policy = policy();
+        let dict = dictionary(doc, &policy);
+        let raw = RawDocumentBuf::from_document(doc).unwrap();
+        // Tokenizing raw gives what the owned rewriter gives, byte for byte.
+        let mut stored = Vec::new();
+        tokenize(raw.as_bytes(), &policy, &dict, &mut stored).unwrap();
+        let owned = tokenize::document(doc, &mut Vec::new(), &policy, &dict);
+        assert_eq!(stored, bson::to_vec(&owned).unwrap());
+        // Expanding raw gives the original back, byte for byte.
+        let mut back = Vec::new();
+        let mut unknown = Unknown::default();
+        expand(&stored, &dict, Strings::Data, &mut unknown, &mut back).unwrap();
+        assert_eq!(unknown, Unknown::default());
+        assert_eq!(back, raw.as_bytes());
+    }
+
+    #[test]
+    fn a_profile_round_trips() {
+        check(&doc! {
+            "_id": 1, "first_name": "Jon", "custom": {"Favorite Player": "x", "k": [1, {"nested_key": 2}]},
+            "artists": ["Taylor Swift", "Bad Bunny"], "score": 1.5, "when": bson::DateTime::from_millis(5),
+            "\u{1}odd key": "escaped", "re": bson::Regex { pattern: "a".into(), options: "i".into() },
+        });
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_not_a_panic() {
+        let policy = policy();
+        let dict = Dictionary::default();
+        for bad in [
+            &[5, 0, 0, 0, 0][..],
+            &[12, 0, 0, 0, 2, b'a', 0, 200, 0, 0, 0, 0],
+            &[8, 0, 0, 0, 0x42, b'a', 0, 0],
+        ] {
+            let mut out = Vec::new();
+            let _ = tokenize(bad, &policy, &dict, &mut out);
+            let _ = expand(
+                bad,
+                &dict,
+                Strings::Data,
+                &mut Unknown::default(),
+                &mut Vec::new(),
+            );
+        }
+    }
+
+    fn arb_key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z_]{1,12}",
+            "custom",
+            "artists",
+            "\\PC{1,8}",
+            "[\u{1}-\u{1f}][a-z]{0,4}",
+        ]
+    }
+
+    fn arb_doc() -> impl Strategy<Value = Document> {
+        let leaf = prop_oneof![
+            any::<i32>().prop_map(Bson::Int32),
+            "[a-zA-Z ]{0,10}".prop_map(Bson::String),
+            any::<bool>().prop_map(Bson::Boolean),
+            Just(Bson::Null),
+        ];
+        let value = leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Bson::Array),
+                prop::collection::vec((arb_key(), inner), 0..4)
+                    .prop_map(|kv| Bson::Document(kv.into_iter().collect())),
+            ]
+        });
+        prop::collection::vec((arb_key(), value), 0..6).prop_map(|kv| kv.into_iter().collect())
+    }
+
+    proptest! {
+        #[test]
+        fn raw_rewrites_agree_with_the_owned_ones(doc in arb_doc()) {
+            check(&doc);
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The one raw BSON walker: a document's elements, one level at a time,
+//! as slices of the bytes they came in (nothing is copied or parsed beyond
+//! what a rewrite asks for), and the few writer helpers the rewrites share.
+//!
+//! A BSON element is a type byte, a NUL-terminated key and a value whose
+//! length its type gives. Every walk that goes down into documents goes
+//! through [`descend`], so no input can be deeper than [`MAX_DEPTH`] levels:
+//! MongoDB's own limit for any object (`maxBSONDepth`). A request deeper
+//! than that gets the server's error for it (code 15, `Overflow`); nothing
+//! recurses without bound, whoever sends it.
+
+/// How deeply documents may nest below the outermost one.
+pub const MAX_DEPTH: usize = 200;
+
+/// Raw bytes a walk cannot go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    #[error("malformed BSON: {0}")]
+    Invalid(&'static str),
+    /// Nested deeper than [`MAX_DEPTH`].
+    #[error("BSONObj exceeds maximum nested object depth")]
+    TooDeep,
+}
+
+/// One element: its type, key and value bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Element<'a> {
+    pub kind: u8,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+}
+
+/// The elements of one document (or array), given with its length prefix.
+pub struct Elements<'a> {
+    doc: &'a [u8],
+    at: usize,
+    end: usize,
+}
+
+/// Walks the elements of `doc`.
+pub fn elements(doc: &[u8]) -> Elements<'_> {
+    Elements {
+        doc,
+        at: 4,
+        end: doc.len().saturating_sub(1),
+    }
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = Result<Element<'a>, Malformed>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at >= self.end {
+            return None;
+        }
+        let doc = self.doc;
+        let kind = doc[self.at];
+        let key_start = self.at + 1;
+        let Some(nul) = memchr::memchr(0, &doc[key_start..self.end]) else {
+            self.at = self.end;
+            return Some(Err(Malformed::Invalid("a key without its NUL")));
+        };
+        let key = &doc[key_start..key_start + nul];
+        let value_start = key_start + nul + 1;
+        match value_len(kind, &doc[value_start..self.end]) {
+            Ok(len) => {
+                self.at = value_start + len;
+                Some(Ok(Element {
+                    kind,
+                    key,
+                    value: &doc[value_start..value_start + len],
+                }))
+            }
+            Err(e) => {
+                self.at = self.end;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// The depth below `depth`, unless that is too deep: every walk that goes
+/// down into a document or an array asks this first.
+#[inline]
+pub fn descend(depth: usize) -> Result<usize, Malformed> {
+    if depth >= MAX_DEPTH {
+        Err(Malformed::TooDeep)
+    } else {
+        Ok(depth + 1)
+    }
+}
+
+#[inline(always)]
+fn le_i32(b: &[u8]) -> Result<usize, Malformed> {
+    let bytes: [u8; 4] = b
+        .get(..4)
+        .and_then(|s| s.try_into().ok())
+        .ok_or(Malformed::Invalid("a truncated length"))?;
+    usize::try_from(i32::from_le_bytes(bytes)).map_err(|_| Malformed::Invalid("a negative length"))
+}
+
+fn cstring_len(b: &[u8]) -> Result<usize, Malformed> {
+    memchr::memchr(0, b)
+        .map(|n| n + 1)
+        .ok_or(Malformed::Invalid("a string without its NUL"))
+}
+
+/// The length of a value of type `kind` at the start of `rest`.
+#[inline(always)]
+pub fn value_len(kind: u8, rest: &[u8]) -> Result<usize, Malformed> {
+    let len = match kind {
+        0x01 | 0x09 | 0x11 | 0x12 => 8,
+        0x02 | 0x0D | 0x0E => 4 + le_i32(rest)?,
+        0x03 | 0x04 | 0x0F => le_i32(rest)?,
+        0x05 => 4 + 1 + le_i32(rest)?,
+        0x06 | 0x0A | 0xFF | 0x7F => 0,
+        0x07 => 12,
+        0x08 => 1,
+        0x0B => {
+            let a = cstring_len(rest)?;
+            a + cstring_len(rest.get(a..).unwrap_or_default())?
+        }
+        0x0C => 4 + le_i32(rest)? + 12,
+        0x10 => 4,
+        0x13 => 16,
+        _ => return Err(Malformed::Invalid("an unknown element type")),
+    };
+    if len > rest.len() {
+        return Err(Malformed::Invalid("a value that overruns its document"));
+    }
+    Ok(len)
+}
+
+/// Checks a whole document: lengths that agree, NULs where they belong,
+/// keys and strings that are UTF-8, known types, and depth. What passes
+/// can be walked, and parsed, without surprise.
+pub fn validate(doc: &[u8]) -> Result<(), Malformed> {
+    validate_at(doc, 0)
+}
+
+fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
+    let invalid = |why| Err(Malformed::Invalid(why));
+    if doc.len() < 5 || le_i32(doc)? != doc.len() {
+        return invalid("a document whose length is not its size");
+    }
+    if doc[doc.len() - 1] != 0 {
+        return invalid("a document without its final NUL");
+    }
+    let mut seen_end = 4;
+    for e in elements(doc) {
+        let e = e?;
+        if std::str::from_utf8(e.key).is_err() {
+            return invalid("a key that is not UTF-8");
+        }
+        match e.kind {
+            0x03 | 0x04 => validate_at(e.value, descend(depth)?)?,
+            0x02 | 0x0D | 0x0E => {
+                string_of(e.value)?;
+            }
+            0x0F => {
+                // Code with scope: a string, then a document.
+                let code = 4 + le_i32(&e.value[4..])?;
+                string_of(e.value.get(4..4 + code).unwrap_or_default())?;
+                validate_at(e.value.get(4 + code..).unwrap_or_default(), descend(depth)?)?;
+            }
+            _ => {}
+        }
+        seen_end = e.value.as_ptr() as usize - doc.as_ptr() as usize + e.value.len();
+    }
+    if seen_end != doc.len() - 1 {
+        return invalid("bytes after the last element");
+    }
+    Ok(())
+}
+
+/// Walks a document element by element and copies it: the baseline the
+/// rewrites are measured against (the same walk, nothing changed).
+pub fn copy(doc: &[u8], out: &mut Vec<u8>) -> Result<(), Malformed> {
+    copy_at(doc, out, 0)
+}
+
+fn copy_at(doc: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), Malformed> {
+    let start = begin(out);
+    for e in elements(doc) {
+        let e = e?;
+        header(out, e.kind, e.key);
+        match e.kind {
+            0x03 | 0x04 => copy_at(e.value, out, descend(depth)?)?,
+            _ => out.extend_from_slice(e.value),
+        }
+    }
+    finish(out, start);
+    Ok(())
+}
+
+// === Writing ===
+
+/// Starts a document in `out`: a length prefix to fill in by [`finish`].
+#[inline]
+pub fn begin(out: &mut Vec<u8>) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    start
+}
+
+/// Ends the document begun at `start`: its NUL and its length.
+#[inline]
+pub fn finish(out: &mut Vec<u8>, start: usize) {
+    out.push(0);
+    let len = (out.len() - start) as i32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// An element's type byte and key.
+#[inline(always)]
+pub fn header(out: &mut Vec<u8>, kind: u8, key: &[u8]) {
+    out.push(kind);
+    out.extend_from_slice(key);
+    out.push(0);
+}
+
+/// A string value: its length, bytes and NUL.
+pub fn string_value(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as i32 + 1).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+    out.push(0);
+}
+
+pub fn as_str(b: &[u8]) -> Result<&str, Malformed> {
+    std::str::from_utf8(b).map_err(|_| Malformed::Invalid("a key that is not UTF-8"))
+}
+
+/// The string a type-0x02 value holds.
+pub fn string_of(value: &[u8]) -> Result<&str, Malformed> {
+    let len = le_i32(value)?;
+    if len == 0 || value.get(3 + len) != Some(&0) {
+        return Err(Malformed::Invalid("a string without its NUL"));
+    }
+    let bytes = value
+        .get(4..4 + len - 1)
+        .ok_or(Malformed::Invalid("a truncated string"))?;
+    std::str::from_utf8(bytes).map_err(|_| Malformed::Invalid("a string that is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{doc, Bson, Document, RawDocumentBuf};
+
+    use super::*;
+
+    fn nested(depth: usize) -> Vec<u8> {
+        let mut d = doc! {"x": 1};
+        for _ in 0..depth {
+            d = doc! {"a": d};
+        }
+        // The bson crate's own encoder recurses: build deep ones by hand.
+        bson::to_vec(&d).unwrap()
+    }
+
+    fn deep_by_hand(depth: usize) -> Vec<u8> {
+        // {a: {a: … {} …}} built from the inside out, without recursion.
+        let mut inner = vec![5, 0, 0, 0, 0];
+        for _ in 0..depth {
+            let mut d = Vec::with_capacity(inner.len() + 8);
+            let start = begin(&mut d);
+            header(&mut d, 0x03, b"a");
+            d.extend_from_slice(&inner);
+            finish(&mut d, start);
+            inner = d;
+        }
+        inner
+    }
+
+    #[test]
+    fn depth_is_bounded_at_the_servers_limit() {
+        assert!(validate(&nested(MAX_DEPTH)).is_ok());
+        assert_eq!(
+            validate(&deep_by_hand(MAX_DEPTH + 1)),
+            Err(Malformed::TooDeep)
+        );
+        assert_eq!(
+            copy(&deep_by_hand(100_000), &mut Vec::new()),
+            Err(Malformed::TooDeep),
+            "a hostile depth is refused, not recursed into"
+        );
+    }
+
+    #[test]
+    fn malformed_documents_are_refused() {
+        let good = RawDocumentBuf::from_document(&doc! {"a": "x", "b": [1, {"c": 2}]}).unwrap();
+        assert!(validate(good.as_bytes()).is_ok());
+        let mut cut = good.as_bytes().to_vec();
+        cut.truncate(cut.len() - 1);
+        assert!(validate(&cut).is_err());
+        let mut bad_key = good.as_bytes().to_vec();
+        bad_key[5] = 0xFF;
+        assert!(validate(&bad_key).is_err());
+        assert!(validate(&[5, 0, 0, 0, 1]).is_err());
+        assert!(validate(&[6, 0, 0, 0, 0x42, 0]).is_err());
+        let _ = (Bson::Null, Document::new());
+    }
+
+    #[test]
+    fn a_copy_is_the_same_bytes() {
+        let d = RawDocumentBuf::from_document(&doc! {"a": 1, "b": {"c": [1, "x"]}, "r": bson::Regex { pattern: "p".into(), options: "i".into() }}).unwrap();
+        let mut out = Vec::new();
+        copy(d.as_bytes(), &mut out).unwrap();
+        assert_eq!(out, d.as_bytes());
+    }
+}
