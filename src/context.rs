@@ -33,6 +33,9 @@ pub struct ProxyContext {
     pub requires_auth: RequiresAuth,
     /// The untokenized deployment reads are compared with, in shadow mode.
     pub shadow: Option<Arc<crate::observe::Shadow>>,
+    /// KiB that large messages may take while they are decompressed, all
+    /// sessions together (see [`crate::exchange`]).
+    pub decompression: tokio::sync::Semaphore,
     next_session: AtomicU64,
 }
 
@@ -68,8 +71,11 @@ impl ProxyContext {
             },
             upstream,
             capture,
+            cursors: CursorTable::new(config.max_held_bytes),
+            decompression: tokio::sync::Semaphore::new(crate::exchange::decompression_budget_kib(
+                config.max_message_size,
+            )),
             config,
-            cursors: CursorTable::default(),
             requires_auth: RequiresAuth::default(),
             metrics: Arc::new(Metrics::new(metrics)),
             own,

@@ -57,6 +57,13 @@ pub enum ProxyError {
     /// A request the proxy cannot forward faithfully.
     #[error("{0}")]
     Unsupported(String),
+    /// A `getMore` or `killCursors` of a cursor opened in another logical
+    /// session (or, without one, on another connection).
+    #[error("{0}")]
+    OtherSession(String),
+    /// Held batches would pass the proxy's budget for them.
+    #[error("{0}")]
+    MemoryLimit(String),
     /// Documents of a collection being migrated could not be rewritten ahead
     /// of an update (they kept changing, or the upstream failed).
     #[error("{0}")]
@@ -74,7 +81,9 @@ impl ProxyError {
             ProxyError::UnsupportedOpQuery(_)
             | ProxyError::Unsupported(_)
             | ProxyError::Unauthorized(_)
+            | ProxyError::OtherSession(_)
             | ProxyError::Overflow => Side::Downstream,
+            ProxyError::MemoryLimit(_) => Side::Internal,
             ProxyError::Store(_) | ProxyError::Dictionary(_) | ProxyError::Migration(_) => {
                 Side::Upstream
             }
@@ -94,6 +103,8 @@ impl ProxyError {
             ProxyError::UnsupportedOpQuery(_) => (352, "UnsupportedOpQueryCommand"),
             ProxyError::Unsupported(_) => (115, "CommandNotSupported"),
             ProxyError::Unauthorized(_) => (13, "Unauthorized"),
+            ProxyError::OtherSession(_) => (50738, "Location50738"),
+            ProxyError::MemoryLimit(_) => (146, "ExceededMemoryLimit"),
             ProxyError::Overflow => (15, "Overflow"),
             ProxyError::Migration(_) => (112, "WriteConflict"),
             ProxyError::Store(StoreError::Unreachable(_)) => (6, "HostUnreachable"),
@@ -114,6 +125,8 @@ impl ProxyError {
             ProxyError::UnsupportedOpQuery(_)
                 | ProxyError::Unsupported(_)
                 | ProxyError::Unauthorized(_)
+                | ProxyError::OtherSession(_)
+                | ProxyError::MemoryLimit(_)
                 | ProxyError::Overflow
                 | ProxyError::Migration(_)
                 | ProxyError::Store(_)

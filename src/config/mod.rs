@@ -47,6 +47,19 @@ pub struct TokenizeConfig {
     /// Commands and aggregation stages the proxy does not know, declared
     /// free of field names: forwarded as they are instead of refused.
     pub pass_through: Vec<String>,
+    /// Databases that share one dictionary (each database has its own
+    /// otherwise).
+    pub dictionaries: Vec<DictionaryGroup>,
+}
+
+/// One `[[proxy.tokenize.dictionaries]]` entry: databases sharing one
+/// dictionary, kept in `home` (the first database listed by default).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DictionaryGroup {
+    pub home: Option<String>,
+    /// Database names, or `*` for every tokenized database.
+    pub databases: Vec<String>,
 }
 
 /// Tokenization settings for one database (`"app"`) or collection
@@ -73,6 +86,7 @@ impl Default for TokenizeConfig {
             store_uri: None,
             namespaces: Vec::new(),
             pass_through: Vec::new(),
+            dictionaries: Vec::new(),
         }
     }
 }
@@ -103,6 +117,18 @@ impl TokenizeConfig {
             policies = policies.with_rule(&r.namespace, p);
         }
         policies.pass_through = self.pass_through.clone();
+        policies.groups = self
+            .dictionaries
+            .iter()
+            .map(|g| crate::token::policy::Group {
+                home: g
+                    .home
+                    .clone()
+                    .or_else(|| g.databases.iter().find(|d| *d != "*").cloned())
+                    .unwrap_or_else(|| self.store_db.clone()),
+                databases: g.databases.clone(),
+            })
+            .collect();
         policies
     }
 }
@@ -140,6 +166,9 @@ pub struct ProxyConfig {
     pub shutdown_grace_ms: u64,
     /// The largest message accepted on either leg.
     pub max_message_size: usize,
+    /// Bytes of expanded documents the proxy may hold back, for all cursors
+    /// together, when expansion makes a batch larger than a reply may be.
+    pub max_held_bytes: usize,
     /// Compressors offered to drivers, in order of preference.
     pub client_compressors: Vec<String>,
     /// Compressors offered to the upstream (empty: the upstream leg is uncompressed).
@@ -242,6 +271,7 @@ impl Default for ProxyConfig {
             handshake_timeout_ms: 10_000,
             shutdown_grace_ms: 10_000,
             max_message_size: MAX_MESSAGE_SIZE,
+            max_held_bytes: 256 << 20,
             client_compressors: Compressor::SUPPORTED
                 .iter()
                 .map(|c| c.name().to_owned())
@@ -421,6 +451,41 @@ impl TokenizeConfig {
                     path.clone(),
                     "not a dotted field path",
                 ));
+            }
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for g in &t.dictionaries {
+            if g.databases.is_empty() {
+                return Err(invalid(
+                    "proxy.tokenize.dictionaries",
+                    format!("{:?}", g.databases),
+                    "a group names at least one database",
+                ));
+            }
+            for d in g.databases.iter().chain(g.home.as_ref()) {
+                if d.is_empty()
+                    || d.contains('.')
+                    || matches!(d.as_str(), "admin" | "local" | "config")
+                {
+                    return Err(invalid(
+                        "proxy.tokenize.dictionaries",
+                        d.clone(),
+                        "not a database a dictionary can serve",
+                    ));
+                }
+            }
+            for d in &g.databases {
+                if seen.contains(&d.as_str())
+                    || seen.contains(&"*")
+                    || (d == "*" && !seen.is_empty())
+                {
+                    return Err(invalid(
+                        "proxy.tokenize.dictionaries",
+                        d.clone(),
+                        "a database belongs to one dictionary only",
+                    ));
+                }
+                seen.push(d);
             }
         }
         Ok(())

@@ -25,7 +25,7 @@ use crate::capture::{CaptureWriter, Direction};
 use crate::context::ProxyContext;
 use crate::error::{error_reply, ProxyError, Side};
 use crate::exchange::{Exchange, SessionState, Step};
-use crate::observe::{Leg as MetricLeg, Way};
+use crate::observe::{escaped, Leg as MetricLeg, Way};
 use crate::shutdown::Shutdown;
 use crate::upstream::Leg;
 use crate::wire::{self, CodecError, Frame, Message, MessageCodec, MsgFlags, OpMsg};
@@ -71,7 +71,7 @@ impl Session {
                 ctx.config.connect_timeout(),
                 ctx.config.max_message_size,
             ),
-            state: SessionState::default(),
+            state: SessionState::new(id),
             capture,
             ctx,
             shutdown,
@@ -82,7 +82,10 @@ impl Session {
     /// Serves the connection until either side closes it or shutdown.
     pub async fn run(mut self) {
         debug!(session = self.id, client.addr = %self.peer, "session opened");
-        match self.serve().await {
+        let served = self.serve().await;
+        self.ctx.cursors.connection_closed(self.id);
+        self.ctx.metrics.held_bytes(self.ctx.cursors.held_bytes());
+        match served {
             Ok(()) => debug!(session = self.id, "session closed"),
             Err(e) => {
                 self.ctx.metrics.error(e.code().1);
@@ -95,10 +98,10 @@ impl Session {
                 }
                 match e.side() {
                     Side::Downstream => {
-                        info!(session = self.id, client.addr = %self.peer, error = %e, "closing connection")
+                        info!(session = self.id, client.addr = %self.peer, error = %escaped(&e), "closing connection")
                     }
                     Side::Upstream | Side::Internal => {
-                        warn!(session = self.id, client.addr = %self.peer, error = %e, "closing connection")
+                        warn!(session = self.id, client.addr = %self.peer, error = %escaped(&e), "closing connection")
                     }
                 }
             }
@@ -110,7 +113,7 @@ impl Session {
         while let Some(frame) = self.read_request(first).await? {
             first = false;
             let started = Instant::now();
-            let mut x = Exchange::begin(&self.ctx, frame, started)?;
+            let mut x = Exchange::begin(&self.ctx, frame, started).await?;
             if let Some(c) = &mut self.capture {
                 c.record(Direction::Request, x.request_frame());
             }
@@ -118,7 +121,7 @@ impl Session {
             if let Err(e) = self.exchange(&mut x, &mut pending).await {
                 let outcome = x.outcome(&e, pending);
                 if outcome.answer {
-                    debug!(session = self.id, command = ?x.command(), error = %e, "answering with an error");
+                    debug!(session = self.id, command = ?x.command(), error = %escaped(&e), "answering with an error");
                     self.ctx.metrics.error(e.code().1);
                     let id = self.local_id();
                     let reply = error_reply(&e, x.request_frame(), id);

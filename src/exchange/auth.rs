@@ -31,6 +31,9 @@ pub struct Auth {
 /// The client's rights, as `connectionStatus` gave them.
 #[derive(Debug, Default, Clone)]
 struct Privileges {
+    /// `user@db` of every authenticated user, sorted: who owns the cursors
+    /// the client opens.
+    users: std::sync::Arc<[String]>,
     /// `(role, db)` of every role the users hold.
     roles: Vec<(String, String)>,
     explicit: Vec<Grant>,
@@ -79,8 +82,26 @@ impl Auth {
         coll: &str,
         actions: &[&str],
     ) -> Result<bool, ProxyError> {
+        Ok(self
+            .privileges(leg)
+            .await?
+            .is_some_and(|p| p.allow(db, coll, actions)))
+    }
+
+    /// The users the client authenticated as (`user@db`, sorted), or `None`
+    /// before it authenticates.
+    pub async fn users(
+        &mut self,
+        leg: &mut Leg,
+    ) -> Result<Option<std::sync::Arc<[String]>>, ProxyError> {
+        Ok(self.privileges(leg).await?.map(|p| p.users.clone()))
+    }
+
+    /// The client's privileges: asked of the upstream on the client's own
+    /// connection, once per authentication.
+    async fn privileges(&mut self, leg: &mut Leg) -> Result<Option<&Privileges>, ProxyError> {
         if !self.authenticated {
-            return Ok(false);
+            return Ok(None);
         }
         if self.privileges.is_none() {
             let status = leg
@@ -90,11 +111,17 @@ impl Auth {
                 .await?;
             self.privileges = Some(Privileges::parse(&status));
         }
-        Ok(self
-            .privileges
-            .as_ref()
-            .is_some_and(|p| p.allow(db, coll, actions)))
+        Ok(self.privileges.as_ref())
     }
+}
+
+/// Whether a command is part of authenticating (or the handshake, which
+/// may carry it): nothing is asked of the upstream on its behalf.
+pub fn is_authentication(command: &str) -> bool {
+    matches!(
+        command,
+        "saslStart" | "saslContinue" | "authenticate" | "logout" | "getnonce"
+    ) || crate::rewrite::is_hello(command)
 }
 
 fn rawdoc(d: bson::Document) -> RawDocumentBuf {
@@ -141,7 +168,26 @@ impl Privileges {
                 Some((target, actions))
             })
             .collect();
-        Privileges { roles, explicit }
+        let mut users: Vec<String> = info
+            .get_array("authenticatedUsers")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|u| {
+                let u = u.as_document()?;
+                Some(format!(
+                    "{}@{}",
+                    u.get_str("user").ok()?,
+                    u.get_str("db").ok()?
+                ))
+            })
+            .collect();
+        users.sort();
+        Privileges {
+            users: users.into(),
+            roles,
+            explicit,
+        }
     }
 
     fn allow(&self, db: &str, coll: &str, actions: &[&str]) -> bool {

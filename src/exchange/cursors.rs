@@ -1,54 +1,246 @@
-//! The cursors the proxy knows of, in one table: what each one's batches
-//! hold (documents, index specs, collection options, change events), so its
-//! `getMore` replies are read as its first batch was, and the documents held
-//! back from batches that expansion made too large, served by its next
-//! `getMore`s. Any connection of a driver may continue a cursor, so the
-//! table is the proxy's, not a session's.
+//! The cursors the proxy knows of, in one table: who opened each one, what
+//! its batches hold (documents, index specs, collection options, change
+//! events), so its `getMore` replies are read as its first batch was, and
+//! the documents held back from batches that expansion made too large,
+//! served by its next `getMore`s.
+//!
+//! A cursor belongs to whoever opened it, as on the server: its `getMore`
+//! and `killCursors` are served (or forwarded) only for the same
+//! authenticated users, in the same logical session if it was opened in
+//! one, and without either only on the same connection. Held documents
+//! have a byte budget for the whole proxy.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{RawDocument, RawDocumentBuf};
 use dashmap::DashMap;
 
+use crate::error::ProxyError;
 use crate::rewrite::cursor::{self, Held};
-use crate::rewrite::expand::Strings;
-use crate::rewrite::CursorFact;
+use crate::rewrite::{CursorFact, CursorKind};
 
 /// Held documents of a cursor nobody asks for go when a server would time
 /// the cursor out.
 const IDLE: Duration = Duration::from_secs(600);
 
-#[derive(Debug, Default)]
+/// Who opened a cursor, or who asks to continue one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// The authenticated users (`user@db`, sorted); `None` without
+    /// authentication.
+    pub users: Option<Arc<[String]>>,
+    /// The logical session's id (`lsid.id`), if the command had one.
+    pub lsid: Option<Vec<u8>>,
+    /// The downstream connection.
+    pub connection: u64,
+}
+
+impl Owner {
+    /// The `lsid.id` bytes of a command body.
+    pub fn lsid_of(body: &RawDocument) -> Option<Vec<u8>> {
+        let lsid = body.get_document("lsid").ok()?;
+        Some(lsid.get_binary("id").ok()?.bytes.to_vec())
+    }
+
+    /// Whether `who` may continue (or kill) cursor `id` opened by `self`:
+    /// the server's errors for the same request otherwise.
+    fn permits(&self, id: i64, command: &str, who: &Owner) -> Result<(), ProxyError> {
+        if self.users.is_some() && who.users != self.users {
+            return Err(ProxyError::Unauthorized(format!(
+                "cursor id {id} was not created by the authenticated user"
+            )));
+        }
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        match (&self.lsid, &who.lsid) {
+            (Some(mine), Some(theirs)) if mine == theirs => Ok(()),
+            (Some(mine), Some(theirs)) => Err(ProxyError::OtherSession(format!(
+                "Cannot run {command} on cursor {id}, which was created in session {}, in session {}",
+                hex(mine),
+                hex(theirs)
+            ))),
+            (Some(mine), None) => Err(ProxyError::OtherSession(format!(
+                "Cannot run {command} on cursor {id}, which was created in session {}, without an lsid",
+                hex(mine)
+            ))),
+            (None, _) if self.users.is_none() && who.connection != self.connection => {
+                Err(ProxyError::OtherSession(format!(
+                    "Cannot run {command} on cursor {id}, which was created on another connection without a session"
+                )))
+            }
+            (None, _) => Ok(()),
+        }
+    }
+}
+
+/// Documents held back for one cursor, with their size and owner.
+#[derive(Debug)]
+struct Holding {
+    since: Instant,
+    bytes: usize,
+    held: Held,
+}
+
+#[derive(Debug)]
 pub struct CursorTable {
-    kinds: DashMap<i64, Strings>,
-    held: DashMap<i64, (Instant, Held)>,
+    kinds: DashMap<i64, CursorKind>,
+    owners: DashMap<i64, Owner>,
+    held: DashMap<i64, Holding>,
+    held_bytes: AtomicUsize,
+    max_held_bytes: usize,
+}
+
+impl Default for CursorTable {
+    fn default() -> Self {
+        CursorTable::new(256 << 20)
+    }
 }
 
 impl CursorTable {
-    /// How the batches of cursor `id` are read (plain documents if unknown).
-    pub fn kind(&self, id: i64) -> Option<Strings> {
-        self.kinds.get(&id).map(|k| *k)
+    pub fn new(max_held_bytes: usize) -> CursorTable {
+        CursorTable {
+            kinds: DashMap::new(),
+            owners: DashMap::new(),
+            held: DashMap::new(),
+            held_bytes: AtomicUsize::new(0),
+            max_held_bytes,
+        }
     }
 
-    /// What a reply said of its cursor.
-    pub fn learn(&self, fact: &CursorFact) {
-        if let Some((id, kind)) = fact.open {
-            self.kinds.insert(id, kind);
+    /// How the batches of cursor `id` are read (plain documents if unknown).
+    pub fn kind(&self, id: i64) -> Option<CursorKind> {
+        self.kinds.get(&id).map(|k| k.clone())
+    }
+
+    /// Bytes of documents held back now.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes.load(Ordering::Relaxed)
+    }
+
+    /// What a reply said of its cursor, opened by `owner`.
+    pub fn learn(&self, fact: &CursorFact, owner: &Owner) {
+        if let Some((id, kind)) = &fact.open {
+            self.kinds.insert(*id, kind.clone());
+            self.owners.entry(*id).or_insert_with(|| owner.clone());
         }
         if let Some(id) = fact.closed {
             self.kinds.remove(&id);
+            if !self.held.contains_key(&id) {
+                self.owners.remove(&id);
+            }
         }
     }
 
-    /// Keeps documents held back for a cursor.
-    pub fn hold(&self, id: i64, held: Held) {
-        self.held.retain(|_, (since, _)| since.elapsed() < IDLE);
-        self.held.insert(id, (Instant::now(), held));
+    /// Keeps documents held back for a cursor opened by `owner`, within the
+    /// proxy's budget.
+    pub fn hold(&self, id: i64, held: Held, owner: &Owner) -> Result<(), ProxyError> {
+        self.expire();
+        let bytes: usize = held.docs.iter().map(|d| d.as_bytes().len()).sum();
+        let before = self.held_bytes.fetch_add(bytes, Ordering::AcqRel);
+        if before + bytes > self.max_held_bytes {
+            self.held_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            return Err(ProxyError::MemoryLimit(format!(
+                "the proxy already holds {before} bytes of expanded documents for open cursors (proxy.max_held_bytes = {}), and this batch would hold {bytes} more: ask for smaller batches (batchSize), or finish or close other cursors",
+                self.max_held_bytes
+            )));
+        }
+        self.owners.insert(id, owner.clone());
+        let holding = Holding {
+            since: Instant::now(),
+            bytes,
+            held,
+        };
+        if let Some(old) = self.held.insert(id, holding) {
+            self.held_bytes.fetch_sub(old.bytes, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// Drops held documents nobody asked for within [`IDLE`].
+    fn expire(&self) {
+        let mut freed = 0;
+        self.held.retain(|id, h| {
+            let keep = h.since.elapsed() < IDLE;
+            if !keep {
+                freed += h.bytes;
+                self.owners.remove(id);
+            }
+            keep
+        });
+        self.held_bytes.fetch_sub(freed, Ordering::AcqRel);
+    }
+
+    /// Forgets held documents (and owners) of `ids`.
+    fn release(&self, ids: impl IntoIterator<Item = i64>) {
+        for id in ids {
+            if let Some((_, h)) = self.held.remove(&id) {
+                self.held_bytes.fetch_sub(h.bytes, Ordering::AcqRel);
+            }
+            self.owners.remove(&id);
+        }
+    }
+
+    /// A connection closed: cursors only it could continue (opened without
+    /// authentication or a session) are gone.
+    pub fn connection_closed(&self, connection: u64) {
+        let orphans: Vec<i64> = self
+            .owners
+            .iter()
+            .filter(|e| {
+                let o = e.value();
+                o.connection == connection && o.users.is_none() && o.lsid.is_none()
+            })
+            .map(|e| *e.key())
+            .collect();
+        for id in &orphans {
+            self.kinds.remove(id);
+        }
+        self.release(orphans);
+    }
+
+    /// Sessions ended (`endSessions`): their cursors are gone.
+    pub fn sessions_ended(&self, body: &RawDocument) {
+        let ended: Vec<Vec<u8>> = body
+            .get_array("endSessions")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|s| Some(s.as_document()?.get_binary("id").ok()?.bytes.to_vec()))
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        let gone: Vec<i64> = self
+            .owners
+            .iter()
+            .filter(|e| e.value().lsid.as_ref().is_some_and(|l| ended.contains(l)))
+            .map(|e| *e.key())
+            .collect();
+        for id in &gone {
+            self.kinds.remove(id);
+        }
+        self.release(gone);
+    }
+
+    /// Refuses a `getMore` or `killCursors` of a cursor `who` did not open.
+    pub fn check(&self, command: &str, body: &RawDocument, who: &Owner) -> Result<(), ProxyError> {
+        let ids = match command {
+            "getMore" => cursor::get_more_target(body).map(|(id, _)| vec![id]),
+            "killCursors" => Some(cursor::kill_cursors_targets(body)),
+            _ => None,
+        };
+        for id in ids.into_iter().flatten() {
+            if let Some(owner) = self.owners.get(&id) {
+                owner.permits(id, command, who)?;
+            }
+        }
+        Ok(())
     }
 
     /// The proxy's own answer to a `getMore` or `killCursors` of documents
     /// held back, if the request is one. A `killCursors` also forgets the
-    /// kinds of the cursors it names.
+    /// kinds of the cursors it names. Ownership is checked before.
     pub fn answer(&self, command: &str, body: &RawDocument) -> Option<RawDocumentBuf> {
         if command == "killCursors" {
             for id in cursor::kill_cursors_targets(body) {
@@ -62,28 +254,131 @@ impl CursorTable {
             "getMore" => {
                 let (id, batch_size) = cursor::get_more_target(body)?;
                 let mut entry = self.held.get_mut(&id)?;
-                let (since, held) = entry.value_mut();
-                *since = Instant::now();
-                let reply = cursor::get_more_reply(held, id, batch_size, cursor::MAX_REPLY_BODY);
-                let drained = held.docs.is_empty();
+                let h = entry.value_mut();
+                h.since = Instant::now();
+                let reply =
+                    cursor::get_more_reply(&mut h.held, id, batch_size, cursor::MAX_REPLY_BODY);
+                let left: usize = h.held.docs.iter().map(|d| d.as_bytes().len()).sum();
+                self.held_bytes.fetch_sub(h.bytes - left, Ordering::AcqRel);
+                h.bytes = left;
+                let (drained, proxy_only) = (h.held.docs.is_empty(), h.held.upstream_id == 0);
                 drop(entry);
                 if drained {
-                    self.held.remove(&id);
+                    if let Some((_, h)) = self.held.remove(&id) {
+                        self.held_bytes.fetch_sub(h.bytes, Ordering::AcqRel);
+                    }
+                    if proxy_only {
+                        self.owners.remove(&id);
+                    }
                 }
                 Some(reply)
             }
             "killCursors" => {
                 let ids = cursor::kill_cursors_targets(body);
-                let mut proxy_only = !ids.is_empty();
-                for id in &ids {
-                    match self.held.remove(id) {
-                        Some((_, (_, h))) if h.upstream_id == 0 => {}
-                        _ => proxy_only = false,
-                    }
-                }
+                let proxy_only = !ids.is_empty()
+                    && ids
+                        .iter()
+                        .all(|id| self.held.get(id).is_some_and(|h| h.held.upstream_id == 0));
+                self.release(ids.iter().copied());
                 proxy_only.then(|| cursor::kill_cursors_reply(&ids))
             }
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use bson::{doc, rawdoc};
+
+    use super::*;
+
+    fn owner(users: Option<&[&str]>, lsid: Option<u8>, connection: u64) -> Owner {
+        Owner {
+            users: users.map(|u| u.iter().map(|s| s.to_string()).collect()),
+            lsid: lsid.map(|b| vec![b; 16]),
+            connection,
+        }
+    }
+
+    fn held(docs: usize, upstream_id: i64) -> Held {
+        Held {
+            ns: "db.c".into(),
+            docs: (0..docs)
+                .map(|i| RawDocumentBuf::from_document(&doc! {"_id": i as i32}).unwrap())
+                .collect::<VecDeque<_>>(),
+            upstream_id,
+        }
+    }
+
+    #[test]
+    fn cursors_belong_to_their_users_session_or_connection() {
+        let app = owner(Some(&["app@admin"]), Some(1), 1);
+        assert!(app
+            .permits(7, "getMore", &owner(Some(&["app@admin"]), Some(1), 2))
+            .is_ok());
+        let other_user = app.permits(7, "getMore", &owner(Some(&["eve@admin"]), Some(1), 2));
+        assert_eq!(other_user.unwrap_err().code().0, 13);
+        let anonymous = app.permits(7, "getMore", &owner(None, Some(1), 1));
+        assert_eq!(anonymous.unwrap_err().code().0, 13);
+        let other_session = app.permits(7, "getMore", &owner(Some(&["app@admin"]), Some(2), 1));
+        assert_eq!(other_session.unwrap_err().code().0, 50738);
+        let no_session = app.permits(7, "killCursors", &owner(Some(&["app@admin"]), None, 1));
+        assert!(no_session
+            .unwrap_err()
+            .to_string()
+            .contains("without an lsid"));
+        // Without authentication or a session: its connection only.
+        let bare = owner(None, None, 5);
+        assert!(bare.permits(7, "getMore", &owner(None, None, 5)).is_ok());
+        assert!(bare.permits(7, "getMore", &owner(None, None, 6)).is_err());
+        // Authenticated without a session: any connection of the same users.
+        let user = owner(Some(&["app@admin"]), None, 5);
+        assert!(user
+            .permits(7, "getMore", &owner(Some(&["app@admin"]), None, 6))
+            .is_ok());
+    }
+
+    #[test]
+    fn held_documents_are_owned_budgeted_and_released() {
+        let table = CursorTable::new(200);
+        let app = owner(None, Some(1), 1);
+        table.hold(10, held(5, 0), &app).unwrap();
+        let used = table.held_bytes();
+        assert!(used > 0 && used <= 200);
+        // Past the budget: refused, nothing more held.
+        let err = table.hold(11, held(50, 0), &app).unwrap_err();
+        assert_eq!(err.code().0, 146);
+        assert_eq!(table.held_bytes(), used);
+        // Another session may neither read nor kill it.
+        let get_more = rawdoc! {"getMore": 10_i64, "collection": "c", "batchSize": 2};
+        let eve = owner(None, Some(2), 2);
+        assert!(table.check("getMore", &get_more, &eve).is_err());
+        assert!(table.check("getMore", &get_more, &app).is_ok());
+        table.answer("getMore", &get_more).unwrap();
+        assert!(table.held_bytes() < used);
+        // Its session ends: everything is released.
+        table.sessions_ended(&rawdoc! {"endSessions": [{"id": bson::Binary {
+        subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] }}]});
+        assert_eq!(table.held_bytes(), 0);
+        assert!(table.check("getMore", &get_more, &eve).is_ok());
+    }
+
+    #[test]
+    fn a_closed_connection_drops_the_cursors_only_it_could_continue() {
+        let table = CursorTable::new(1 << 20);
+        table.hold(1, held(3, 0), &owner(None, None, 9)).unwrap();
+        table.hold(2, held(3, 0), &owner(None, Some(1), 9)).unwrap();
+        table.connection_closed(9);
+        let left = table.held_bytes();
+        assert!(left > 0);
+        assert!(table
+            .answer("getMore", &rawdoc! {"getMore": 1_i64, "collection": "c"})
+            .is_none());
+        assert!(table
+            .answer("getMore", &rawdoc! {"getMore": 2_i64, "collection": "c"})
+            .is_some());
     }
 }

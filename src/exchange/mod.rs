@@ -22,7 +22,7 @@ use bson::RawDocumentBuf;
 use tracing::warn;
 
 pub use auth::RequiresAuth;
-pub use cursors::CursorTable;
+pub use cursors::{CursorTable, Owner};
 
 use crate::context::ProxyContext;
 use crate::error::{ProxyError, Side};
@@ -38,6 +38,18 @@ pub struct SessionState {
     pub legs: LegState,
     /// What the proxy knows of the client's authentication.
     pub auth: auth::Auth,
+    /// The downstream connection's number (cursors opened without
+    /// authentication or a session belong to it).
+    pub connection: u64,
+}
+
+impl SessionState {
+    pub fn new(connection: u64) -> SessionState {
+        SessionState {
+            connection,
+            ..SessionState::default()
+        }
+    }
 }
 
 /// What to do with a request.
@@ -58,18 +70,28 @@ pub struct Exchange {
     plan: ReplyPlan,
     /// The logical read, kept for shadow mode's comparison.
     shadowed: Option<bson::Document>,
+    /// Who sends it: the owner of the cursors it opens.
+    owner: Owner,
     answered: bool,
     _timer: Option<RequestTimer>,
 }
 
 impl Exchange {
     /// ③ Decodes a request: decompressed and named.
-    pub fn begin(
+    pub async fn begin(
         ctx: &ProxyContext,
         frame: Frame,
         started: Instant,
     ) -> Result<Exchange, ProxyError> {
-        let (frame, compressor) = decompress(frame, Side::Downstream, ctx.config.max_message_size)?;
+        let (frame, compressor) = decompress(ctx, frame, Side::Downstream).await?;
+        if matches!(frame.message(), Message::Reply(_)) {
+            // Replies travel one way: the server closes a connection that
+            // sends one, and so does the proxy, before anything goes upstream.
+            return Err(ProxyError::Malformed {
+                side: Side::Downstream,
+                source: crate::wire::WireError::ReplyFromClient,
+            });
+        }
         let command = frame.command_name().unwrap_or_default().to_owned();
         let _timer = ctx.metrics.enabled().then(|| RequestTimer {
             metrics: ctx.metrics.clone(),
@@ -82,6 +104,7 @@ impl Exchange {
             command,
             plan: ReplyPlan::Forward,
             shadowed: None,
+            owner: Owner::default(),
             answered: false,
             _timer,
         })
@@ -115,9 +138,21 @@ impl Exchange {
     ) -> Result<Step, ProxyError> {
         let mut gate = Gate::Rewrite;
         if let Message::Msg(m) = self.frame.message() {
+            if ctx.rewrite.tokens.is_some() && !auth::is_authentication(&self.command) {
+                self.owner = Owner {
+                    users: state.auth.users(leg).await?,
+                    lsid: Owner::lsid_of(m.body()),
+                    connection: state.connection,
+                };
+                ctx.cursors.check(&self.command, m.body(), &self.owner)?;
+                if self.command == "endSessions" {
+                    ctx.cursors.sessions_ended(m.body());
+                }
+            }
             // A getMore of documents held back from an oversized batch is
             // answered here; the upstream is asked again once they are served.
             if let Some(body) = ctx.cursors.answer(&self.command, m.body()) {
+                ctx.metrics.held_bytes(ctx.cursors.held_bytes());
                 return Ok(Step::Answer(body));
             }
             rewrite::admit(&self.frame, &ctx.rewrite)?;
@@ -191,14 +226,17 @@ impl Exchange {
         state: &mut SessionState,
         reply: Frame,
     ) -> Result<Frame, ProxyError> {
-        let reply = decompress(reply, Side::Upstream, ctx.config.max_message_size)?.0;
+        let reply = decompress(ctx, reply, Side::Upstream).await?.0;
         let physical = reply.op_msg().map(|m| m.body().as_bytes().len());
         let replied = tokens::expand(ctx, reply, &self.plan, &mut state.legs).await?;
         let frame = replied.frame;
         if let Some(m) = frame.op_msg() {
             state.auth.observe(&self.command, m.body());
+            if self.command == "dropDatabase" {
+                tokens::dropped(ctx, &self.frame);
+            }
             if let (ReplyPlan::Rewrite(rules), Some(physical)) = (&self.plan, physical) {
-                if let Some(db) = &rules.expand {
+                if let Some(rewrite::Expansion::One(db)) = &rules.kind.expand {
                     ctx.metrics
                         .documents(db, "read", m.body().as_bytes().len(), physical);
                 }
@@ -213,9 +251,11 @@ impl Exchange {
                 }
             }
         }
-        ctx.cursors.learn(&replied.cursor);
+        ctx.cursors.learn(&replied.cursor, &self.owner);
         if let Some((id, held)) = replied.held {
-            ctx.cursors.hold(id, held);
+            let held = ctx.cursors.hold(id, held, &self.owner);
+            ctx.metrics.held_bytes(ctx.cursors.held_bytes());
+            held?;
         }
         Ok(frame)
     }
@@ -230,7 +270,7 @@ impl Exchange {
         if !self.expects_reply() {
             // The driver expects no reply to this request: the refusal can
             // only be logged.
-            warn!(command = ?self.command, error = %e, "unacknowledged request refused");
+            warn!(command = ?self.command, error = %crate::observe::escaped(e), "unacknowledged request refused");
         }
         crate::error::outcome(e, self.expects_reply() && !self.answered, replies_pending)
     }
@@ -259,17 +299,49 @@ impl Drop for RequestTimer {
     }
 }
 
-/// Unwraps OP_COMPRESSED, returning the compressor used.
-fn decompress(
+/// Messages that decompress to more than this are decompressed off the
+/// runtime's threads: a small frame declaring 47 MB costs about 140 ms of
+/// work, which must not stall the other sessions of a worker.
+const INLINE_DECOMPRESSION: usize = 1 << 20;
+
+/// The KiB all sessions together may be decompressing at once: two of the
+/// largest messages. A client sending decompression bombs waits for its
+/// own share; small messages are never held up.
+pub fn decompression_budget_kib(max_message_size: usize) -> usize {
+    (2 * max_message_size).div_ceil(1024)
+}
+
+/// Unwraps OP_COMPRESSED, returning the compressor used. The size the
+/// frame declares is checked against the message limit before any work.
+async fn decompress(
+    ctx: &ProxyContext,
     frame: Frame,
     side: Side,
-    max: usize,
 ) -> Result<(Frame, Option<Compressor>), ProxyError> {
     let Message::Compressed(c) = frame.message() else {
         return Ok((frame, None));
     };
+    let max = ctx.config.max_message_size;
     let malformed = |source| ProxyError::Malformed { side, source };
     let compressor = c.compressor().map_err(malformed)?;
-    let inner = c.decompress(&frame.header, max).map_err(malformed)?;
+    let declared = usize::try_from(c.uncompressed_size).unwrap_or(0);
+    if declared <= INLINE_DECOMPRESSION || declared > max {
+        // Small, or refused before any work.
+        let inner = c.decompress(&frame.header, max).map_err(malformed)?;
+        return Ok((inner, Some(compressor)));
+    }
+    let kib = u32::try_from(declared.div_ceil(1024)).unwrap_or(u32::MAX);
+    let _budget = ctx
+        .decompression
+        .acquire_many(kib)
+        .await
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let inner = tokio::task::spawn_blocking(move || match frame.message() {
+        Message::Compressed(c) => c.decompress(&frame.header, max),
+        _ => unreachable!("checked above"),
+    })
+    .await
+    .map_err(|e| ProxyError::Internal(e.to_string()))?
+    .map_err(malformed)?;
     Ok((inner, Some(compressor)))
 }

@@ -29,9 +29,10 @@ pub(super) async fn admit(ctx: &ProxyContext, m: &OpMsg, auth: &Auth) -> Result<
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(Gate::Rewrite);
     };
-    let Some(db) = rewrite::token_scope(m, &ctx.rewrite)? else {
+    let dbs = rewrite::token_databases(m, &ctx.rewrite);
+    if dbs.is_empty() {
         return Ok(Gate::Rewrite);
-    };
+    }
     if !auth.authenticated()
         && ctx
             .requires_auth
@@ -40,12 +41,25 @@ pub(super) async fn admit(ctx: &ProxyContext, m: &OpMsg, auth: &Auth) -> Result<
     {
         return Ok(Gate::PassThrough);
     }
-    let trips = t.store.ensure_loaded(&db).await?.0;
-    if trips > 0 {
-        ctx.metrics.store_round_trips(trips);
+    for db in &dbs {
+        let trips = t.store.ensure_loaded(db).await?.0;
+        if trips > 0 {
+            ctx.metrics.store_round_trips(trips);
+        }
+        t.store.dictionary(db)?;
     }
-    t.store.dictionary(&db)?;
     Ok(Gate::Rewrite)
+}
+
+/// After a `dropDatabase` (whatever its outcome): the database's dictionary
+/// is read again before its next use.
+pub(super) fn dropped(ctx: &ProxyContext, request: &Frame) {
+    let (Some(t), Some(m)) = (&ctx.rewrite.tokens, request.op_msg()) else {
+        return;
+    };
+    if let Ok(db) = m.body().get_str("$db") {
+        t.store.suspect(db);
+    }
 }
 
 /// After a rewrite, what its misses call for.
@@ -77,10 +91,12 @@ pub(super) async fn settle(
     let mut trips = 0;
     let outcome = if !misses.stores_nothing() {
         if auth.authenticated() {
-            let coll = rewrite::mapper::collection_of_raw(m.body());
+            // The client must be allowed the command where its names go.
             let actions = catalogue::lookup(command).map_or(&[][..], |e| e.actions);
-            for (db, _, _) in misses.to_store() {
-                if !auth.may(leg, &db, coll, actions).await? {
+            let growing: Vec<String> = misses.to_store().into_iter().map(|(db, ..)| db).collect();
+            for ns in rewrite::written_namespaces(m) {
+                let (db, coll) = ns.split_once('.').unwrap_or((&ns, ""));
+                if growing.iter().any(|g| g == db) && !auth.may(leg, db, coll, actions).await? {
                     return Ok(Settled::PassThrough);
                 }
             }

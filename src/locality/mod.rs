@@ -171,7 +171,7 @@ impl Generator {
             mode,
             process,
             mac: mac & 0x0FFF_FFFF,
-            counter: AtomicU32::new(random_u32()),
+            counter: AtomicU32::new(crate::random::u64() as u32),
             sequential: Mutex::new((u64::MAX, 0)),
         }
     }
@@ -286,14 +286,6 @@ fn now_millis() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-fn random_u32() -> u32 {
-    // Random enough to start a counter: the std hasher is seeded from the OS.
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(now_millis());
-    h.finish() as u32
 }
 
 /// The low 28 bits of the first non-zero MAC address in /sys/class/net, or

@@ -69,6 +69,7 @@ pub struct Metrics {
     off: bool,
     max_namespaces: usize,
     connections_open: AtomicI64,
+    held_bytes: AtomicI64,
     connections_total: AtomicU64,
     connections_refused: AtomicU64,
     /// Requests and their latency, by command name (catalogue names and
@@ -112,6 +113,7 @@ impl Metrics {
             off: !enabled,
             max_namespaces,
             connections_open: AtomicI64::new(0),
+            held_bytes: AtomicI64::new(0),
             connections_total: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             requests: DashMap::new(),
@@ -229,6 +231,12 @@ impl Metrics {
         entry[i].fetch_add(1, Relaxed);
     }
 
+    /// Bytes of documents held back for cursors now.
+    pub fn held_bytes(&self, bytes: usize) {
+        self.held_bytes
+            .store(i64::try_from(bytes).unwrap_or(i64::MAX), Relaxed);
+    }
+
     /// The Prometheus text exposition, with the dictionaries' states.
     pub fn render(&self, dictionaries: &[Status]) -> String {
         let mut out = String::new();
@@ -263,6 +271,12 @@ impl Metrics {
                 "counter",
                 "Driver connections refused at the connection limit.",
                 self.connections_refused.load(Relaxed) as i64,
+            ),
+            (
+                "laconic_cursor_held_bytes",
+                "gauge",
+                "Bytes of expanded documents held back for cursors (bounded by proxy.max_held_bytes).",
+                self.held_bytes.load(Relaxed),
             ),
         ] {
             family(out, name, kind, help);

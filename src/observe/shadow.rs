@@ -92,7 +92,7 @@ impl Shadow {
                     "ok": 0.0, "errmsg": c.message, "code": c.code, "codeName": c.code_name,
                 },
                 other => {
-                    debug!(command, error = %other, "the shadow did not answer");
+                    debug!(command = ?command, error = %other, "the shadow did not answer");
                     metrics.shadow(&command, None);
                     return;
                 }
@@ -101,8 +101,10 @@ impl Shadow {
         let difference = crate::capture::diff::diff_docs(&reply, &answer, "");
         if let Some((path, _, _)) = &difference {
             warn!(
-                command,
-                db, path, "shadow difference: the untokenized deployment answers otherwise"
+                command = ?command,
+                db = ?db,
+                path = ?path,
+                "shadow difference: the untokenized deployment answers otherwise"
             );
         }
         metrics.shadow(&command, Some(difference.is_some()));

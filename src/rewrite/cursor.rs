@@ -15,7 +15,6 @@
 //! connections) and does the I/O.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use bson::{doc, Bson, Document, RawArrayBuf, RawBsonRef, RawDocument, RawDocumentBuf};
 
@@ -33,15 +32,12 @@ pub struct Held {
     pub upstream_id: i64,
 }
 
-/// Proxy cursor ids carry this prefix in their upper 32 bits ("LACO").
-/// Server cursor ids are random 64-bit numbers: a clash needs the server to
-/// draw this exact prefix *and* a live counter value.
-const PROXY_PREFIX: i64 = 0x4C41_434F_i64 << 32;
-static NEXT_PROXY_CURSOR: AtomicU32 = AtomicU32::new(1);
-
-/// A fresh cursor id for a cursor the proxy alone still serves.
+/// A fresh cursor id for a cursor the proxy alone still serves: random and
+/// positive, as a server's are (a clash with a live server cursor of the
+/// same deployment is as likely as two server cursors clashing). Only its
+/// owner may use it ([`crate::exchange::CursorTable`]).
 pub fn proxy_cursor_id() -> i64 {
-    PROXY_PREFIX | i64::from(NEXT_PROXY_CURSOR.fetch_add(1, Ordering::Relaxed))
+    (crate::random::u64() >> 1).max(1) as i64
 }
 
 /// The cursor of a reply body: `(id, ns, batch field)`, if it is a cursor reply.
@@ -274,7 +270,8 @@ mod tests {
     #[test]
     fn an_exhausted_upstream_cursor_gets_a_proxy_id_that_closes_when_drained() {
         let (out, id, mut held) = split(&reply(0, 4, 1000), 2500).unwrap().unwrap();
-        assert_eq!(id >> 32, PROXY_PREFIX >> 32);
+        assert!(id > 0);
+        assert_ne!(id, proxy_cursor_id(), "ids are drawn at random");
         assert_eq!(
             out.get_document("cursor").unwrap().get_i64("id").unwrap(),
             id

@@ -26,7 +26,7 @@ use shard_key::{ReplyNeeds, ShardKeys};
 
 pub use hello::{is_hello, MAX_WIRE_VERSION};
 pub use reply::{reply, Replied};
-pub use request::{admit, inserted_bytes, request, token_scope};
+pub use request::{admit, inserted_bytes, request, token_databases, written_namespaces};
 
 pub use walker::MAX_DEPTH;
 
@@ -44,14 +44,35 @@ pub struct Settings {
 }
 
 /// How the batches of a cursor the proxy saw opened are read (plain
-/// documents when it does not know the cursor).
-pub type CursorKinds<'a> = &'a dyn Fn(i64) -> Option<expand::Strings>;
+/// documents of the `getMore`'s database when it does not know the cursor).
+pub type CursorKinds<'a> = &'a dyn Fn(i64) -> Option<CursorKind>;
+
+/// Which dictionaries a reply's tokens are expanded with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expansion {
+    /// The one of the command's database.
+    One(String),
+    /// A `bulkWrite`'s results: each with the dictionary of its op's
+    /// database (by op index; `None` for an untokenized one).
+    PerOp(std::sync::Arc<[Option<String>]>),
+    /// A cluster-wide change stream: each event with its database's.
+    PerEvent,
+}
+
+/// How the replies of a command, or the batches of a cursor, are read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CursorKind {
+    /// Which string values are paths.
+    pub strings: expand::Strings,
+    /// With which dictionaries (none: the reply holds no tokens).
+    pub expand: Option<Expansion>,
+}
 
 /// What a reply said of its cursor, for the cursor table.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CursorFact {
     /// A cursor that stays open, and how its batches are read.
-    pub open: Option<(i64, expand::Strings)>,
+    pub open: Option<(i64, CursorKind)>,
     /// A cursor the reply closed.
     pub closed: Option<i64>,
 }
@@ -72,10 +93,8 @@ pub enum ReplyPlan {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReplyRules {
     pub shard: ReplyNeeds,
-    /// The name-store scope whose tokens are expanded.
-    pub expand: Option<String>,
-    /// Which string values of the reply are paths.
-    pub strings: expand::Strings,
+    /// How tokens are expanded.
+    pub kind: CursorKind,
     /// The cursor a `getMore` continues, forgotten once it is exhausted.
     pub get_more: Option<i64>,
 }

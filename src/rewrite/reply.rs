@@ -3,8 +3,8 @@
 //! rest held for the cursor's next `getMore`.
 
 use super::{
-    command, cursor, expand, hello, shard_key, CursorFact, LegState, ReplyPlan, ReplyRules,
-    Settings,
+    command, cursor, expand, hello, shard_key, CursorFact, Expansion, LegState, ReplyPlan,
+    ReplyRules, Settings,
 };
 use crate::error::ProxyError;
 use crate::token::{Integrity, Tokens};
@@ -48,23 +48,14 @@ pub fn reply(
             };
             // Tokens first, raw bytes to raw bytes, so that shard-key rules
             // see logical names.
-            let mut body: Option<bson::RawDocumentBuf> = None;
-            if rules.strings != expand::Strings::Data {
+            let kind = &rules.kind;
+            if kind.strings != expand::Strings::Data {
                 fact = cursor_fact(m.body(), rules);
             }
-            if let (expand::Strings::ClusterEvents, Some(t)) = (rules.strings, &settings.tokens) {
-                body = expand_cluster_events(m.body(), t)?;
-            }
-            if let (Some(scope), Some(t)) = (&rules.expand, &settings.tokens) {
-                if rules.strings != expand::Strings::Data
-                    || expand::raw::needed(m.body().as_bytes())
-                {
-                    let names = t.store.dictionary(scope)?;
-                    let expanded = expand::raw_document_with(m.body(), &*names, rules.strings)
-                        .map_err(|e| unreadable(e, scope))?;
-                    body = Some(expanded);
-                }
-            }
+            let mut body = match (&kind.expand, &settings.tokens) {
+                (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t)?,
+                _ => None,
+            };
             let current = body.as_deref().unwrap_or(m.body());
             let restore =
                 rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
@@ -111,12 +102,59 @@ pub fn reply(
     }
 }
 
-/// Expands each event of a cluster-wide change stream's batch with the
-/// dictionary of the database it comes from.
-fn expand_cluster_events(
+/// A reply's tokens expanded (`None`: it holds none).
+fn expand_tokens(
     body: &bson::RawDocument,
+    expansion: &Expansion,
+    strings: expand::Strings,
     t: &Tokens,
 ) -> Result<Option<bson::RawDocumentBuf>, ProxyError> {
+    let dictionary_of = |item: &bson::Document| -> Option<String> {
+        match expansion {
+            Expansion::One(db) => Some(db.clone()),
+            Expansion::PerOp(dbs) => {
+                let idx = item.get("idx").and_then(|i| match i {
+                    bson::Bson::Int32(i) => usize::try_from(*i).ok(),
+                    bson::Bson::Int64(i) => usize::try_from(*i).ok(),
+                    _ => None,
+                })?;
+                dbs.get(idx).cloned().flatten()
+            }
+            Expansion::PerEvent => item
+                .get_document("ns")
+                .ok()
+                .and_then(|ns| ns.get_str("db").ok())
+                .filter(|db| t.policies.applies_to(db))
+                .map(str::to_owned),
+        }
+    };
+    match expansion {
+        Expansion::One(db) => {
+            if strings == expand::Strings::Data && !expand::raw::needed(body.as_bytes()) {
+                return Ok(None);
+            }
+            let names = t.store.dictionary(db)?;
+            expand::raw_document_with(body, &*names, strings)
+                .map(Some)
+                .map_err(|e| unreadable(e, db))
+        }
+        Expansion::PerOp(_) | Expansion::PerEvent => expand_batch(body, strings, t, &dictionary_of),
+    }
+}
+
+/// Expands each document of a cursor batch with the dictionary
+/// `dictionary_of` names for it (a bulkWrite's results, a cluster-wide
+/// stream's events); one it names none for stays as it is.
+fn expand_batch(
+    body: &bson::RawDocument,
+    strings: expand::Strings,
+    t: &Tokens,
+    dictionary_of: &dyn Fn(&bson::Document) -> Option<String>,
+) -> Result<Option<bson::RawDocumentBuf>, ProxyError> {
+    let needed = |raw: &[u8]| strings != expand::Strings::Data || expand::raw::needed(raw);
+    if !needed(body.as_bytes()) {
+        return Ok(None);
+    }
     let mut doc = command::to_document(body)?;
     let Ok(cursor) = doc.get_document_mut("cursor") else {
         return Ok(None);
@@ -130,24 +168,21 @@ fn expand_cluster_events(
         return Ok(None);
     };
     let mut changed = false;
-    for event in batch.iter_mut() {
-        let bson::Bson::Document(e) = event else {
+    for item in batch.iter_mut() {
+        let bson::Bson::Document(d) = item else {
             continue;
         };
-        let Some(db) = e
-            .get_document("ns")
-            .ok()
-            .and_then(|ns| ns.get_str("db").ok())
-            .filter(|db| t.policies.applies_to(db))
-            .map(str::to_owned)
-        else {
+        let Some(db) = dictionary_of(d) else {
             continue;
         };
-        let raw = command::to_raw(e)?;
+        let raw = command::to_raw(d)?;
+        if !needed(raw.as_bytes()) {
+            continue;
+        }
         let names = t.store.dictionary(&db)?;
-        let expanded = expand::raw_document_with(&raw, &*names, expand::Strings::Events)
-            .map_err(|e| unreadable(e, &db))?;
-        *e = command::to_document(&expanded)?;
+        let expanded =
+            expand::raw_document_with(&raw, &*names, strings).map_err(|e| unreadable(e, &db))?;
+        *d = command::to_document(&expanded)?;
         changed = true;
     }
     if !changed {
@@ -172,7 +207,7 @@ fn cursor_fact(body: &bson::RawDocument, rules: &ReplyRules) -> CursorFact {
             closed: done,
         },
         (id, _) => CursorFact {
-            open: Some((id, rules.strings)),
+            open: Some((id, rules.kind.clone())),
             closed: None,
         },
     }

@@ -8,8 +8,8 @@ use super::names::{Misses, Noting};
 use super::shard_key::ReplyNeeds;
 use super::walker::{self, Malformed};
 use super::{
-    expand, guard, hello, mapper, Command, CursorKinds, LegState, ReplyPlan, ReplyRules, Rewritten,
-    Settings,
+    expand, guard, hello, mapper, Command, CursorKind, CursorKinds, Expansion, LegState, ReplyPlan,
+    ReplyRules, Rewritten, Settings,
 };
 use crate::error::ProxyError;
 use crate::token::Migration;
@@ -54,40 +54,70 @@ pub fn request(
     }
 }
 
-/// The tokenized database whose dictionary a command's names belong to:
-/// its `$db`, or for `bulkWrite` (sent to admin) the database of its
-/// namespaces. A bulkWrite spanning two tokenized databases is refused.
-pub fn token_scope(m: &OpMsg, settings: &Settings) -> Result<Option<String>, ProxyError> {
+/// The tokenized databases whose dictionaries a command's names belong
+/// to: its `$db`, or for `bulkWrite` (sent to admin) the databases of its
+/// namespaces, each op with its own.
+pub fn token_databases(m: &OpMsg, settings: &Settings) -> Vec<String> {
     let Some(t) = settings.tokens.as_ref() else {
-        return Ok(None);
+        return Vec::new();
     };
     let body = m.body();
-    let is_bulk = body
-        .iter()
-        .next()
-        .is_some_and(|e| e.is_ok_and(|(k, _)| k == "bulkWrite"));
-    if !is_bulk {
-        return Ok(body
+    if !is_bulk_write(body) {
+        return body
             .get_str("$db")
             .ok()
             .filter(|db| t.policies.applies_to(db))
-            .map(str::to_owned));
+            .map(str::to_owned)
+            .into_iter()
+            .collect();
     }
-    let mut dbs: Vec<String> = super::command::documents(m, "nsInfo")
+    let mut dbs: Vec<String> = bulk_namespaces(m)
         .into_iter()
-        .filter_map(|d| d.get_str("ns").ok())
         .filter_map(|ns| ns.split_once('.').map(|(db, _)| db.to_owned()))
         .filter(|db| t.policies.applies_to(db))
         .collect();
     dbs.sort();
     dbs.dedup();
-    match dbs.len() {
-        0 | 1 => Ok(dbs.pop()),
-        _ => Err(ProxyError::Unsupported(format!(
-            "a bulkWrite across the tokenized databases {} cannot be rewritten: send one per database",
-            dbs.join(", ")
-        ))),
+    dbs
+}
+
+/// The namespaces (`db.coll`) a write command writes.
+pub fn written_namespaces(m: &OpMsg) -> Vec<String> {
+    let body = m.body();
+    if is_bulk_write(body) {
+        return bulk_namespaces(m);
     }
+    let db = body.get_str("$db").unwrap_or_default();
+    vec![format!("{db}.{}", mapper::collection_of_raw(body))]
+}
+
+fn is_bulk_write(body: &bson::RawDocument) -> bool {
+    body.iter()
+        .next()
+        .is_some_and(|e| e.is_ok_and(|(k, _)| k == "bulkWrite"))
+}
+
+fn bulk_namespaces(m: &OpMsg) -> Vec<String> {
+    super::command::documents(m, "nsInfo")
+        .into_iter()
+        .filter_map(|d| d.get_str("ns").ok().map(str::to_owned))
+        .collect()
+}
+
+/// What the rewrite of one command turns on.
+struct Shape<'m> {
+    name: &'m str,
+    /// The collection it addresses (the string value of its first field).
+    collection: Option<&'m str>,
+    /// Whether shard-key rules apply to it.
+    concerns: bool,
+    /// Whether it opens a stream over a whole database or the cluster,
+    /// which would show the changes of the dictionaries (`__laconic`): the
+    /// proxy's own bookkeeping.
+    hide: bool,
+    /// Whether it opens a change stream: its filters match documents not
+    /// written yet, so the names they read are given tokens now.
+    streams: bool,
 }
 
 fn rewrite_command(
@@ -103,35 +133,34 @@ fn rewrite_command(
         Some(Ok((n, _))) => (n, None),
         _ => ("", None),
     };
-    let db = body.get_str("$db").ok();
-    let tokens = settings.tokens.as_ref();
-    let scope = token_scope(m, settings)?;
-    let scope = scope.as_deref();
-    let concerns = !keys.is_empty() && keys.concerns(name, collection, db);
-    let mut rules = ReplyRules {
+    let streams = name == "aggregate" && opens_change_stream(body);
+    let shape = Shape {
+        name,
+        collection,
+        concerns: !keys.is_empty() && keys.concerns(name, collection, body.get_str("$db").ok()),
+        hide: settings.tokens.is_some() && streams && collection.is_none(),
+        streams,
+    };
+    let dbs = token_databases(m, settings);
+    let (kind, scope) = reply_kind(m, name, &dbs, settings, kinds)?;
+    let rules = ReplyRules {
         shard: ReplyNeeds {
             restore: keys.restores(),
             hide: None,
         },
-        expand: scope.map(str::to_owned),
-        strings: match scope {
-            Some(_) => strings_of(name, body, kinds),
-            None => expand::Strings::Data,
-        },
+        kind,
         get_more: (name == "getMore")
             .then(|| body.get_i64("getMore").ok())
             .flatten(),
     };
-    if scope.is_none() && tokens.is_some() && db == Some("admin") {
-        rules.strings = cluster_stream(name, body, kinds)?;
-    }
-    // A stream over a whole database or the cluster would show the changes
-    // of the dictionaries (`__laconic`): the proxy's own bookkeeping.
-    let hide = tokens.is_some()
-        && name == "aggregate"
-        && collection.is_none()
-        && opens_change_stream(body);
-    if !concerns && scope.is_none() && !hide {
+    // A bulkWrite's ops each with their database's dictionary; any other
+    // command with its scope's.
+    let dbs: Vec<&str> = match &scope {
+        Some(s) => vec![s.as_str()],
+        None if name == "bulkWrite" => dbs.iter().map(String::as_str).collect(),
+        None => Vec::new(),
+    };
+    if !shape.concerns && dbs.is_empty() && !shape.hide {
         let plan = if rules == ReplyRules::default() {
             ReplyPlan::Forward
         } else {
@@ -139,56 +168,81 @@ fn rewrite_command(
         };
         return Ok(Rewritten::unchanged(plan));
     }
+    rewrite_tokens(m, frame, settings, rules, &shape, &dbs)
+}
+
+/// Tokenizes a command with the dictionaries of `dbs` (and applies
+/// shard-key rules).
+fn rewrite_tokens(
+    m: &OpMsg,
+    frame: &Frame,
+    settings: &Settings,
+    mut rules: ReplyRules,
+    shape: &Shape<'_>,
+    dbs: &[&str],
+) -> Result<Rewritten, ProxyError> {
+    let tokens = settings.tokens.as_ref();
     let misses = std::cell::RefCell::new(Misses::default());
-    let raw_insert = name == "insert" && !concerns && tokens.is_some() && scope.is_some();
+    let one = (dbs.len() == 1 && shape.name != "bulkWrite").then(|| dbs[0]);
+    let raw_insert = shape.name == "insert" && !shape.concerns && tokens.is_some() && one.is_some();
     if !raw_insert {
         // Checked before anything parses it: an owned parse recurses.
         if let Err(e) = validate(m) {
             return malformed(e);
         }
     }
-    let msg = match (tokens, scope) {
+    let msg = match (tokens, one) {
         // The hot write path: inserted documents go raw to raw, against one
         // snapshot of the dictionary.
-        (Some(t), Some(scope)) if name == "insert" && !concerns => {
-            let coll = collection.unwrap_or_default();
-            if t.policies.migration(scope, coll) == Some(Migration::Reverse) {
+        (Some(t), Some(db)) if raw_insert => {
+            let coll = shape.collection.unwrap_or_default();
+            if t.policies.migration(db, coll) == Some(Migration::Reverse) {
                 // `laconic migrate --reverse` is writing it back to full names.
                 return Ok(Rewritten::unchanged(ReplyPlan::Rewrite(rules)));
             }
             let names = Noting {
-                inner: t.store.dictionary(scope)?,
-                db: scope,
+                inner: t.store.dictionary(db)?,
+                db,
                 misses: &misses,
                 storing: true,
             };
-            match mapper::raw::insert(m, t.policies.get(scope, coll), &names) {
+            match mapper::raw::insert(m, t.policies.get(db, coll), &names) {
                 Ok(msg) => msg,
                 Err(e) => return malformed(e),
             }
         }
         _ => {
             let mut cmd = Command::from_msg(m)?;
-            if concerns {
-                rules.shard = keys.request(&mut cmd)?;
+            if shape.concerns {
+                rules.shard = settings.shard_keys.request(&mut cmd)?;
             }
-            if hide {
+            if shape.hide {
                 hide_dictionaries(&mut cmd);
             }
-            if let (Some(t), Some(scope)) = (tokens, scope) {
-                let dict = t.store.dictionary(scope)?;
-                let noting = |storing| Noting {
-                    inner: dict.clone(),
-                    db: scope,
-                    misses: &misses,
-                    storing,
+            if let Some(t) = tokens {
+                // Each database's names through its dictionary, noting misses.
+                let mut noted = Vec::new();
+                for &db in dbs {
+                    let dict = t.store.dictionary(db)?;
+                    let noting = |storing| Noting {
+                        inner: dict.clone(),
+                        db,
+                        misses: &misses,
+                        storing,
+                    };
+                    noted.push((db, noting(shape.streams), noting(true)));
+                }
+                let lookup = |db: &str| {
+                    noted
+                        .iter()
+                        .find(|(d, _, _)| *d == db)
+                        .map(|(_, read, store)| mapper::Lookup { read, store })
                 };
-                let (read, store) = (noting(false), noting(true));
-                let lookup = mapper::Lookup {
-                    read: &read,
-                    store: &store,
-                };
-                mapper::command(&mut cmd, scope, &t.policies, lookup)?;
+                if shape.name == "bulkWrite" {
+                    mapper::bulk_write(&mut cmd, &t.policies, &lookup)?;
+                } else if let Some((db, l)) = one.and_then(|db| Some((db, lookup(db)?))) {
+                    mapper::command(&mut cmd, db, &t.policies, l)?;
+                }
             }
             cmd.into_msg(m)?
         }
@@ -198,6 +252,55 @@ fn rewrite_command(
         plan: ReplyPlan::Rewrite(rules),
         misses: misses.into_inner(),
     })
+}
+
+/// How a command's replies are read, and the database whose dictionary
+/// its names are rewritten with (none for a `bulkWrite`, whose ops each
+/// have their own, or a command of no tokenized database).
+fn reply_kind(
+    m: &OpMsg,
+    name: &str,
+    dbs: &[String],
+    settings: &Settings,
+    kinds: CursorKinds<'_>,
+) -> Result<(CursorKind, Option<String>), ProxyError> {
+    let body = m.body();
+    let Some(t) = settings.tokens.as_ref() else {
+        return Ok((CursorKind::default(), None));
+    };
+    if name == "getMore" {
+        // A cursor is read as its first batch was; one the proxy does not
+        // know (opened before a restart, or through another proxy) holds
+        // the documents of the getMore's database. A getMore names nothing.
+        let kind = body.get_i64("getMore").ok().and_then(kinds);
+        let kind = kind.unwrap_or_else(|| CursorKind {
+            strings: expand::Strings::Data,
+            expand: dbs.first().map(|db| Expansion::One(db.clone())),
+        });
+        return Ok((kind, None));
+    }
+    if name == "bulkWrite" {
+        let per_op = mapper::bulk_op_databases(body, &bulk_namespaces(m))
+            .into_iter()
+            .map(|db| db.filter(|db| t.policies.applies_to(db)))
+            .collect();
+        let kind = CursorKind {
+            strings: expand::Strings::Writes,
+            expand: (!dbs.is_empty()).then_some(Expansion::PerOp(per_op)),
+        };
+        return Ok((kind, None));
+    }
+    if let Some(db) = dbs.first() {
+        let kind = CursorKind {
+            strings: strings_of(name, body),
+            expand: Some(Expansion::One(db.clone())),
+        };
+        return Ok((kind, Some(db.clone())));
+    }
+    if body.get_str("$db") == Ok("admin") && name == "aggregate" && opens_change_stream(body) {
+        return cluster_stream(body, t);
+    }
+    Ok((CursorKind::default(), None))
 }
 
 /// Checks a request's body and document sequences before anything parses
@@ -240,110 +343,76 @@ fn hide_dictionaries(cmd: &mut Command) {
 }
 
 /// How the string values of a command's replies are to be read.
-fn strings_of(name: &str, body: &bson::RawDocument, kinds: CursorKinds<'_>) -> expand::Strings {
+fn strings_of(name: &str, body: &bson::RawDocument) -> expand::Strings {
     use expand::Strings;
-    let first_stage = || {
-        body.get_array("pipeline")
-            .ok()
-            .and_then(|p| {
-                p.into_iter()
-                    .next()?
-                    .ok()?
-                    .as_document()?
-                    .into_iter()
-                    .next()?
-                    .ok()
-            })
-            .map(|(k, _)| k.to_owned())
-    };
     if body.get_bool("explain").unwrap_or(false) {
         return Strings::Paths;
     }
     match catalogue::lookup(name).map(|e| e.replies) {
         Some(Replies::Paths) => Strings::Paths,
         Some(Replies::Writes) => Strings::Writes,
-        Some(Replies::Pipeline) => match first_stage().as_deref() {
+        Some(Replies::Pipeline) => match first_stage(body).as_deref() {
             Some("$changeStream") => Strings::Events,
             Some("$indexStats" | "$collStats" | "$listSearchIndexes" | "$planCacheStats") => {
                 Strings::Paths
             }
             _ => Strings::Data,
         },
-        Some(Replies::Cursor) => body
-            .get_i64("getMore")
-            .ok()
-            .and_then(kinds)
-            .unwrap_or_default(),
-        Some(Replies::Data) | None => Strings::Data,
+        Some(Replies::Cursor | Replies::Data) | None => Strings::Data,
     }
+}
+
+/// The name of an aggregate's first stage.
+fn first_stage(body: &bson::RawDocument) -> Option<String> {
+    body.get_array("pipeline")
+        .ok()?
+        .into_iter()
+        .next()?
+        .ok()?
+        .as_document()?
+        .into_iter()
+        .next()?
+        .ok()
+        .map(|(k, _)| k.to_owned())
 }
 
 /// Whether an aggregate's first stage is `$changeStream`.
 fn opens_change_stream(body: &bson::RawDocument) -> bool {
-    body.get_array("pipeline")
-        .ok()
-        .and_then(|p| {
-            p.into_iter()
-                .next()?
-                .ok()?
-                .as_document()?
-                .into_iter()
-                .next()?
-                .ok()
-        })
-        .is_some_and(|(k, _)| k == "$changeStream")
+    first_stage(body).as_deref() == Some("$changeStream")
 }
 
-/// A cluster-wide change stream (or its `getMore`): its events come from
-/// every database, each with its own dictionary. User stages after
-/// `$changeStream` cannot name a collection's fields there, since no one
-/// dictionary applies: refused.
+/// A cluster-wide change stream: its events come from every database, each
+/// expanded with its own database's dictionary. Stages after
+/// `$changeStream` that name a collection's fields are rewritten with the
+/// dictionary every tokenized database shares, and refused where there is
+/// none.
 fn cluster_stream(
-    name: &str,
     body: &bson::RawDocument,
-    kinds: CursorKinds<'_>,
-) -> Result<expand::Strings, ProxyError> {
-    use expand::Strings;
-    if name == "getMore" {
-        return Ok(body
-            .get_i64("getMore")
-            .ok()
-            .and_then(kinds)
-            .unwrap_or_default());
-    }
-    if name != "aggregate" {
-        return Ok(Strings::Data);
-    }
-    let Ok(pipeline) = body.get_array("pipeline") else {
-        return Ok(Strings::Data);
+    t: &crate::token::Tokens,
+) -> Result<(CursorKind, Option<String>), ProxyError> {
+    let kind = CursorKind {
+        strings: expand::Strings::Events,
+        expand: Some(Expansion::PerEvent),
     };
-    let stages: Vec<bson::Document> = pipeline
-        .into_iter()
-        .filter_map(|s| {
-            s.ok()?
-                .as_document()
-                .and_then(|d| bson::Document::try_from(d).ok())
-        })
-        .collect();
-    if !stages
-        .first()
-        .is_some_and(|s| s.contains_key("$changeStream"))
-    {
-        return Ok(Strings::Data);
+    if let Some(shared) = t.policies.shared_scope() {
+        return Ok((kind, Some(shared.to_owned())));
     }
-    for stage in &stages[1..] {
-        let text = stage.to_string();
+    let stages = body.get_array("pipeline").into_iter().flatten().skip(1);
+    for stage in stages.flatten().filter_map(|s| s.as_document()) {
+        let named = stage.iter().flatten().map(|(k, _)| k).next().unwrap_or("");
+        let Ok(text) = bson::Document::try_from(stage).map(|d| d.to_string()) else {
+            continue;
+        };
         if ["fullDocument", "documentKey", "updateDescription"]
             .iter()
             .any(|f| text.contains(f))
         {
             return Err(ProxyError::Unsupported(format!(
-                "a stage naming document fields ({}) in a cluster-wide change stream cannot be rewritten: each database has its own dictionary; watch the database or the collection instead",
-                stage.keys().next().map_or("", String::as_str)
+                "a stage naming document fields ({named}) in a cluster-wide change stream cannot be rewritten: the databases have different dictionaries (one shared by every database is configured with databases = [\"*\"] in [[proxy.tokenize.dictionaries]]); watch the database or the collection instead"
             )));
         }
     }
-    Ok(Strings::ClusterEvents)
+    Ok((kind, None))
 }
 
 /// The bytes of the documents an `insert` carries, in its body or in its

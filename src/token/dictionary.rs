@@ -24,7 +24,7 @@ pub struct Epoch(pub [u8; 16]);
 
 impl Epoch {
     pub fn random() -> Epoch {
-        Epoch(*uuid_bytes())
+        Epoch(crate::random::bytes())
     }
 
     pub fn to_bson(self) -> Bson {
@@ -59,24 +59,6 @@ impl std::fmt::Display for Epoch {
         }
         Ok(())
     }
-}
-
-fn uuid_bytes() -> Box<[u8; 16]> {
-    use std::hash::{BuildHasher, Hasher};
-    // Two independently seeded SipHash states, fed the time: 128 bits that
-    // differ between processes and calls.
-    let mut out = [0u8; 16];
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    for (i, chunk) in out.chunks_mut(8).enumerate() {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(now);
-        h.write_usize(i);
-        h.write_u32(std::process::id());
-        chunk.copy_from_slice(&h.finish().to_le_bytes());
-    }
-    Box::new(out)
 }
 
 /// Token lookups for one dictionary, from memory only: what the pure

@@ -37,7 +37,7 @@ pub enum Integrity {
     #[error("the dictionary of {scope} was changed outside Laconic: {what}; restore it from an export (`laconic store import`) and check the data with `laconic store verify {scope}`")]
     Edited { scope: String, what: String },
     /// Written in a format this proxy does not read.
-    #[error("the dictionary of {scope} is in format {found}, and this proxy reads format 2: bring it over with `laconic migrate --upgrade`")]
+    #[error("the dictionary of {scope} is in format {found}, and this proxy reads format 2: bring its collections back to full names with the first release's `laconic migrate --reverse`, then run `laconic migrate` with this one (see the README's token format)")]
     Format { scope: String, found: i64 },
     /// Documents hold tokens the dictionary does not have.
     #[error("documents of {scope} hold tokens its dictionary does not know ({count} of them): the dictionary may be older than the data, or the data come from another dictionary; see `laconic store verify {scope}`")]

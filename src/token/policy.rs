@@ -85,6 +85,30 @@ pub struct Policies {
     /// Commands and aggregation stages unknown to the rewriter that the
     /// operator has declared free of field names: forwarded as they are.
     pub pass_through: Vec<String>,
+    /// Databases that share one dictionary.
+    pub groups: Vec<Group>,
+}
+
+/// Databases sharing one dictionary, kept in the home database: what lets
+/// `$lookup`, `$unionWith`, `$out` and `$merge` across them, and field
+/// stages in a cluster-wide change stream, be rewritten.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// The database whose `__laconic` collection holds the dictionary.
+    pub home: String,
+    /// The members; `*` stands for every tokenized database.
+    pub databases: Vec<String>,
+}
+
+impl Group {
+    fn holds(&self, db: &str) -> bool {
+        self.databases.iter().any(|d| d == "*" || d == db)
+    }
+
+    /// Whether every tokenized database belongs to it.
+    pub fn is_everything(&self) -> bool {
+        self.databases.iter().any(|d| d == "*")
+    }
 }
 
 impl Policies {
@@ -94,7 +118,35 @@ impl Policies {
             rules: Vec::new(),
             pass_through: Vec::new(),
             migrating: Default::default(),
+            groups: Vec::new(),
         }
+    }
+
+    /// The database whose dictionary `db`'s documents use: its group's
+    /// home, or itself.
+    pub fn scope_of<'a>(&'a self, db: &'a str) -> &'a str {
+        self.groups
+            .iter()
+            .find(|g| g.holds(db))
+            .map_or(db, |g| g.home.as_str())
+    }
+
+    /// Whether two databases share one dictionary.
+    pub fn same_dictionary(&self, a: &str, b: &str) -> bool {
+        self.scope_of(a) == self.scope_of(b)
+    }
+
+    /// The group a dictionary serves, if it is shared.
+    pub fn group(&self, scope: &str) -> Option<&Group> {
+        self.groups.iter().find(|g| g.home == scope)
+    }
+
+    /// The one dictionary every tokenized database shares, if one does.
+    pub fn shared_scope(&self) -> Option<&str> {
+        self.groups
+            .iter()
+            .find(|g| g.is_everything())
+            .map(|g| g.home.as_str())
     }
 
     /// Adds the policy of a database (`"app"`) or collection (`"app.users"`).

@@ -179,6 +179,8 @@ struct Inner {
     /// Names per chain document in dictionaries this proxy creates.
     cap: usize,
     scopes: DashMap<String, Arc<Scope>>,
+    /// The group members this proxy has met, and why one is refused.
+    members: DashMap<String, Option<Integrity>>,
     /// Which collections are tokenized (and, shared with them, what the
     /// migration markers of each database say).
     policies: Policies,
@@ -200,6 +202,7 @@ impl NameStore {
                 client,
                 cap: cap.max(1),
                 scopes: DashMap::new(),
+                members: DashMap::new(),
                 policies,
                 legacy: None,
             }),
@@ -235,7 +238,13 @@ impl NameStore {
 
     /// The dictionary to rewrite with: the one read, or an empty one where
     /// the database has none (yet). Never a round trip.
-    pub fn dictionary(&self, scope: &str) -> Result<Arc<Dictionary>, Integrity> {
+    pub fn dictionary(&self, db: &str) -> Result<Arc<Dictionary>, Integrity> {
+        let scope = self.inner.policies.scope_of(db);
+        if scope != db {
+            if let Some(e) = self.inner.members.get(db).and_then(|m| m.clone()) {
+                return Err(e);
+            }
+        }
         match &*self.scope(scope).state.read() {
             State::Ready(d) => Ok(d.clone()),
             State::Failed { error, .. } => Err(error.clone()),
@@ -245,10 +254,24 @@ impl NameStore {
 
     /// Whether the database's dictionary has been read, and may be used
     /// as read.
-    pub fn loaded(&self, scope: &str) -> bool {
+    pub fn loaded(&self, db: &str) -> bool {
+        let scope = self.inner.policies.scope_of(db);
         let cell = self.scope(scope);
         !cell.stale.load(std::sync::atomic::Ordering::Acquire)
             && !matches!(*cell.state.read(), State::Unloaded)
+            && (scope == db || self.inner.members.contains_key(db))
+    }
+
+    /// Marks a database's dictionary to be read again before its next use:
+    /// called when a `dropDatabase` went through, which takes the dictionary
+    /// along with the documents (the next read finds both gone and starts
+    /// afresh instead of writing tokens nothing records).
+    pub fn suspect(&self, db: &str) {
+        let scope = self.inner.policies.scope_of(db);
+        self.inner.members.remove(db);
+        self.scope(scope)
+            .stale
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Marks every dictionary to be read again before its next use: called
@@ -263,22 +286,71 @@ impl NameStore {
     }
 
     /// Whether the database has a dictionary (as last read).
-    pub fn exists(&self, scope: &str) -> bool {
+    pub fn exists(&self, db: &str) -> bool {
+        let scope = self.inner.policies.scope_of(db);
         matches!(*self.scope(scope).state.read(), State::Ready(_))
     }
 
     /// Reads the dictionary if this proxy never has.
-    pub async fn ensure_loaded(&self, scope: &str) -> Result<RoundTrips, StoreError> {
-        if self.loaded(scope) {
+    pub async fn ensure_loaded(&self, db: &str) -> Result<RoundTrips, StoreError> {
+        if self.loaded(db) {
             return Ok(RoundTrips(0));
         }
-        self.refresh(scope).await
+        self.refresh(db).await
     }
 
     /// Reads the whole dictionary again and checks it against what this
     /// proxy read before. Callers that arrive while a read runs share it.
-    pub async fn refresh(&self, scope: &str) -> Result<RoundTrips, StoreError> {
-        self.reload(scope, true).await
+    /// For a database that shares a group's dictionary, its own mark and
+    /// migration markers are read too.
+    pub async fn refresh(&self, db: &str) -> Result<RoundTrips, StoreError> {
+        let scope = self.inner.policies.scope_of(db);
+        let mut trips = self.reload(scope, true).await?;
+        if scope != db {
+            trips.0 += self.read_member(db, scope).await?;
+        }
+        Ok(trips)
+    }
+
+    /// Reads a group member's mark and migration markers: its documents
+    /// must have been written with the group's dictionary.
+    async fn read_member(&self, db: &str, scope: &str) -> Result<usize, StoreError> {
+        let docs: Vec<Document> = self
+            .inner
+            .client
+            .database(db)
+            .collection::<Document>(MARK_COLLECTION)
+            .aggregate(vec![
+                doc! {"$match": {"_id": "mark"}},
+                doc! {"$set": {"_id": "__mark"}},
+                doc! {"$unionWith": {"coll": COLLECTION, "pipeline": [{"$match": {"_id": {"$regex": "^migration/"}}}]}},
+            ])
+            .await
+            .map_err(|e| StoreError::from_driver("aggregate", e))?
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::from_driver("aggregate", e))?;
+        self.note_migrations(db, &docs);
+        let recorded = docs
+            .iter()
+            .find(|d| d.get_str("_id") == Ok("__mark"))
+            .and_then(parse_mark)
+            .map(|m| m.epoch);
+        let verdict = match (recorded, &*self.scope(scope).state.read()) {
+            (Some(expected), State::Ready(d)) if d.epoch != expected => Some(Integrity::Mismatch {
+                db: db.to_owned(),
+                scope: scope.to_owned(),
+                expected,
+                found: d.epoch,
+            }),
+            (Some(epoch), State::Absent) => Some(Integrity::Lost {
+                scope: scope.to_owned(),
+                epoch,
+            }),
+            _ => None,
+        };
+        self.inner.members.insert(db.to_owned(), verdict);
+        Ok(1)
     }
 
     async fn reload(&self, scope: &str, share: bool) -> Result<RoundTrips, StoreError> {
@@ -309,7 +381,8 @@ impl NameStore {
         self.reload(scope, false).await
     }
 
-    /// Re-reads every dictionary this proxy holds: what a dropped, replaced,
+    /// Re-reads every dictionary this proxy holds (and the marks of the
+    /// group members it has met): what a dropped, replaced,
     /// rewound or edited dictionary is noticed by within a second, and what
     /// a failed one recovers by once it is put back.
     pub async fn revalidate(&self) {
@@ -320,9 +393,10 @@ impl NameStore {
             .filter(|e| !matches!(*e.value().state.read(), State::Unloaded))
             .map(|e| e.key().clone())
             .collect();
-        for scope in scopes {
-            if let Err(e) = self.refresh(&scope).await {
-                tracing::debug!(scope = ?scope, error = %e, "the dictionary could not be read again");
+        let members: Vec<String> = self.inner.members.iter().map(|e| e.key().clone()).collect();
+        for db in scopes.iter().chain(&members) {
+            if let Err(e) = self.refresh(db).await {
+                tracing::debug!(db = ?db, error = %e, "the dictionary could not be read again");
             }
         }
     }
@@ -381,6 +455,29 @@ impl NameStore {
     /// Whether any tokenized collection of `db` holds a document (one that a
     /// new dictionary could mislabel).
     pub async fn has_documents(&self, db: &str) -> Result<bool, StoreError> {
+        let scope = self.inner.policies.scope_of(db);
+        let members: Vec<String> = match self.inner.policies.group(scope) {
+            Some(g) if g.is_everything() => self
+                .inner
+                .client
+                .list_database_names()
+                .await
+                .map_err(|e| StoreError::from_driver("listDatabases", e))?
+                .into_iter()
+                .filter(|d| !matches!(d.as_str(), "admin" | "local" | "config"))
+                .collect(),
+            Some(g) => g.databases.iter().chain([&g.home]).cloned().collect(),
+            None => vec![db.to_owned()],
+        };
+        for member in &members {
+            if self.db_has_documents(member).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn db_has_documents(&self, db: &str) -> Result<bool, StoreError> {
         let database = self.inner.client.database(db);
         let names = database
             .list_collection_names()
@@ -499,11 +596,16 @@ impl NameStore {
     /// that lags only ever finds less; it only rises, so raises may land in
     /// any order).
     fn raise_mark(&self, scope: &str) {
+        self.raise_mark_in(scope, scope);
+    }
+
+    /// Raises the mark kept in `db` to what `scope`'s dictionary holds.
+    fn raise_mark_in(&self, db: &str, scope: &str) {
         let Ok(d) = self.ready(scope) else { return };
         let marks = self
             .inner
             .client
-            .database(scope)
+            .database(db)
             .collection::<Document>(MARK_COLLECTION);
         let scope = scope.to_owned();
         tokio::spawn(async move {
@@ -568,14 +670,15 @@ impl NameStore {
     /// its database holds no documents).
     pub async fn allocate(
         &self,
-        scope: &str,
+        db: &str,
         names: &[&str],
         values: &[&str],
     ) -> Result<RoundTrips, StoreError> {
+        let scope = self.inner.policies.scope_of(db);
         let cell = self.scope(scope);
         let _one = cell.alloc.lock().await;
-        let mut trips = self.ensure_loaded(scope).await?.0;
-        let dict = self.dictionary(scope)?;
+        let mut trips = self.ensure_loaded(db).await?.0;
+        let dict = self.dictionary(db)?;
         let missing_names = missing(names, |n| dict.token(n).is_some());
         let missing_values = missing(values, |v| dict.value_token(v).is_some());
         if missing_names.is_empty() && missing_values.is_empty() {
@@ -586,6 +689,10 @@ impl NameStore {
         }
         trips += self.add_names(scope, names).await?.0;
         trips += self.add_values(scope, values).await?.0;
+        if scope != db {
+            // The member's documents will hold the group's tokens.
+            self.raise_mark_in(db, scope);
+        }
         Ok(RoundTrips(trips))
     }
 
@@ -622,7 +729,8 @@ impl NameStore {
     /// Writes a head for `scope` if it has none (and a mark for it), then
     /// reads the dictionary. `laconic store init` calls it for a database
     /// whose documents predate Laconic.
-    pub async fn init(&self, scope: &str, origin: &str) -> Result<(), StoreError> {
+    pub async fn init(&self, db: &str, origin: &str) -> Result<(), StoreError> {
+        let scope = self.inner.policies.scope_of(db);
         let epoch = Epoch::random();
         self.coll(scope)
             .update_one(

@@ -33,6 +33,8 @@ pub enum WireError {
     Truncated(&'static str),
     #[error("unsupported opcode {0}")]
     UnknownOpCode(i32),
+    #[error("a client may not send OP_REPLY")]
+    ReplyFromClient,
     #[error("OP_MSG sets unknown required flag bits {0:#06x}")]
     UnknownRequiredFlags(u32),
     #[error("OP_MSG checksum mismatch (declared {declared:#010x}, computed {computed:#010x})")]

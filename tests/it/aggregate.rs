@@ -819,7 +819,7 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         .insert_one(doc! {"_id": 1, "long_name": {"inner": 1}})
         .await
         .unwrap();
-    let out_refusal = format!("$out into {db_name_proxy}.plain cannot be rewritten: its documents would be stored under a different name mapping than the source's");
+    let out_refusal = format!("$out into {db_name_proxy}.plain cannot be rewritten: its collection's tokenize settings differ from the source's");
     let cases: Vec<(Document, &str)> = vec![
         (doc! {"$match": {"$where": "this.long_name"}}, "$where (JavaScript reads field names) cannot be rewritten to tokenized names"),
         (doc! {"$project": {"x": {"$function": {"body": "function(d) { return d }", "args": ["$$ROOT"], "lang": "js"}}}}, "$function (JavaScript reads field names) cannot be rewritten to tokenized names"),
@@ -832,7 +832,7 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         (doc! {"$madeUpStage": {}}, "the aggregation stage $madeUpStage is unknown to Laconic, so the field names it may carry cannot be rewritten"),
         (doc! {"$project": {"x": {"$setField": {"field": "$long_name", "input": "$$ROOT", "value": 1}}}}, "$setField with a computed field name (only a constant name can be rewritten) cannot be rewritten to tokenized names"),
         (doc! {"$match": {"$jsonSchema": {"patternProperties": {"^long": {"bsonType": "int"}}}}}, "$jsonSchema patternProperties (a regular expression over field names) cannot be rewritten to tokenized names"),
-        (doc! {"$lookup": {"from": {"db": "elsewhere", "coll": "c"}, "localField": "long_name", "foreignField": "x", "as": "joined"}}, "$lookup from elsewhere.c: another database has its own dictionary"),
+        (doc! {"$lookup": {"from": {"db": "elsewhere", "coll": "c"}, "localField": "long_name", "foreignField": "x", "as": "joined"}}, "$lookup from elsewhere.c cannot be rewritten: its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])"),
         (doc! {"$project": {"x": {"$madeUpOperator": "$long_name"}}}, "the expression operator $madeUpOperator is unknown to Laconic, so the field names it may carry cannot be rewritten"),
     ];
     let c = db.collection::<Document>("c");
@@ -896,7 +896,7 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         panic!("{err}")
     };
     assert_eq!(e.code, 115);
-    assert_eq!(e.message, "laconic: a stage naming document fields ($match) in a cluster-wide change stream cannot be rewritten: each database has its own dictionary; watch the database or the collection instead");
+    assert_eq!(e.message, "laconic: a stage naming document fields ($match) in a cluster-wide change stream cannot be rewritten: the databases have different dictionaries (one shared by every database is configured with databases = [\"*\"] in [[proxy.tokenize.dictionaries]]); watch the database or the collection instead");
     // mapReduce, as a command.
     let err = db
         .run_command(doc! {"mapReduce": "c", "map": "function() { emit(this.long_name, 1) }", "reduce": "function(k, v) { return 1 }", "out": {"inline": 1}})

@@ -259,6 +259,35 @@ async fn a_database_dropped_with_its_dictionary_is_forgotten_and_served_afresh()
 }
 
 #[tokio::test]
+async fn a_database_dropped_through_the_proxy_is_written_afresh_at_once() {
+    let db = db_name("dict_dropvia", "app");
+    common::direct().await.database(&db).drop().await.unwrap();
+    let proxy = tokenizing(&common::upstream().uri).await;
+    let c = coll(&proxy, &db).await;
+    c.insert_one(doc! {"_id": 1, "alpha_field": 1})
+        .await
+        .unwrap();
+    // Dropped, then written at once with a name the old dictionary had:
+    // the new document gets a token of the new dictionary.
+    common::via_proxy(&proxy)
+        .await
+        .database(&db)
+        .drop()
+        .await
+        .unwrap();
+    c.insert_one(doc! {"_id": 2, "alpha_field": 2, "beta_field": 2})
+        .await
+        .unwrap();
+    let expected = [doc! {"_id": 2, "alpha_field": 2, "beta_field": 2}];
+    reads(&c, &expected).await;
+    // Still readable after the proxies' next revalidation.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    reads(&c, &expected).await;
+    let fresh = tokenizing(&common::upstream().uri).await;
+    reads(&coll(&fresh, &db).await, &expected).await;
+}
+
+#[tokio::test]
 async fn a_server_wiped_under_a_running_proxy_is_served_on_with_a_new_dictionary() {
     // A server of this test's own, in memory, restarted on the same port.
     let first = common::launch(&["--storage", ":memory:"]);
@@ -380,4 +409,58 @@ async fn clients_cannot_write_the_dictionary_through_the_proxy() {
         names.get_array("names").unwrap(),
         &vec![bson::Bson::from("first_name")]
     );
+}
+
+#[tokio::test]
+async fn keys_that_predate_laconic_and_look_like_tokens_are_never_read_as_tokens() {
+    let db = db_name("dict_ctrl", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let odd = "\u{2}odd key";
+    direct
+        .database(&db)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1, odd: 1, "plain_name": 2})
+        .await
+        .unwrap();
+    // Through a proxy: refused, not read as a token of a new dictionary.
+    let proxy = tokenizing(&common::upstream().uri).await;
+    let c = coll(&proxy, &db).await;
+    refused(&c, "holds documents but no dictionary").await;
+    // Adopting the database as it is would read the key as a token: refused.
+    let mut init = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
+    init.args(["store", "init", "--uri", &common::upstream().uri, &db]);
+    let out = init.output().unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("hold keys that read as tokens"), "{said}");
+    // So would a migration: it names the document and refuses.
+    let migrate = || {
+        let mut m = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
+        m.args(["migrate", "--uri", &common::upstream().uri]).args([
+            "--db",
+            &db,
+            "--collection",
+            "c",
+            "--tokenize-min-len",
+            "4",
+        ]);
+        m
+    };
+    let out = migrate().output().unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("begin with a control byte: rename them first"),
+        "{said}"
+    );
+    // Renamed, the collection migrates and reads back under its names.
+    direct
+        .database(&db)
+        .collection::<Document>("c")
+        .update_one(doc! {"_id": 1}, doc! {"$rename": {odd: "odd key"}})
+        .await
+        .unwrap();
+    common::run_ok(migrate()).await;
+    reads(&c, &[doc! {"_id": 1, "plain_name": 2, "odd key": 1}]).await;
 }

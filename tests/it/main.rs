@@ -6,9 +6,13 @@ mod common;
 
 mod aggregate;
 mod capture;
+mod cross_db;
 mod dictionary;
+mod differential;
 mod errors;
 mod handshake;
+mod hostile;
+mod isolation;
 mod migrate;
 mod name_store;
 mod observe;

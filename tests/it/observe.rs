@@ -1,34 +1,14 @@
 //! The sidecar's HTTP port: counters after a workload, and readiness that
 //! follows the upstream down and back up.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bson::{doc, Document};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::{self, db_name};
 
-/// `GET path` on the metrics port: (status code, body).
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
+use common::get;
 
 fn value(metrics: &str, series: &str) -> f64 {
     metrics

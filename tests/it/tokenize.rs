@@ -444,38 +444,6 @@ async fn bulk_write_ops_are_tokenized_under_their_namespace() {
         .unwrap()
         .unwrap();
     assert!(!stored.contains_key("long_field"), "{stored}");
-
-    // One bulkWrite across two tokenized databases is refused (each has its own dictionary).
-    let client = common::via_proxy(&proxy).await;
-    let a = client
-        .database(&db_name("tokbw", "a"))
-        .collection::<Document>("c")
-        .namespace();
-    let b = client
-        .database(&db_name("tokbw", "b"))
-        .collection::<Document>("c")
-        .namespace();
-    let err = client
-        .bulk_write(vec![
-            WriteModel::InsertOne(
-                InsertOneModel::builder()
-                    .namespace(a)
-                    .document(doc! {"long_field": 1})
-                    .build(),
-            ),
-            WriteModel::InsertOne(
-                InsertOneModel::builder()
-                    .namespace(b)
-                    .document(doc! {"long_field": 1})
-                    .build(),
-            ),
-        ])
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("across the tokenized databases"),
-        "{err}"
-    );
 }
 
 #[tokio::test]

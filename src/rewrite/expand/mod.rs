@@ -162,19 +162,12 @@ pub enum Strings {
     /// Write replies: a validation error's `errInfo` names properties in
     /// strings; everything else is data.
     Writes,
-    /// Change events from every database (a cluster-wide stream): each
-    /// event is expanded as [`Strings::Events`] with its own database's
-    /// dictionary.
-    ClusterEvents,
 }
 
 impl Strings {
     pub(super) fn under(self, key: &str) -> Strings {
         match (self, key) {
-            (
-                Strings::Events | Strings::ClusterEvents,
-                "removedFields" | "truncatedArrays" | "disambiguatedPaths",
-            )
+            (Strings::Events, "removedFields" | "truncatedArrays" | "disambiguatedPaths")
             | (Strings::Writes, "errInfo") => Strings::Paths,
             (s, _) => s,
         }

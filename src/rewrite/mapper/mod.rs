@@ -131,6 +131,16 @@ impl<'a> Mapper<'a> {
         }
     }
 
+    /// Another database's collection (a database sharing this dictionary).
+    pub(super) fn for_namespace<'s>(&'s self, db: &'s str, coll: &str) -> Mapper<'s> {
+        Mapper {
+            db,
+            policy: self.policies.get(db, coll),
+            migrating: self.policies.migration(db, coll),
+            ..*self
+        }
+    }
+
     /// This mapper for names that are stored (their misses get tokens).
     pub(super) fn storing(&self) -> Mapper<'a> {
         Mapper {
@@ -222,24 +232,14 @@ impl<'a> Mapper<'a> {
         Ok(())
     }
 
-    /// A bulkWrite: each op under its own namespace and that namespace's
-    /// policy; only the ops in this database are rewritten.
+    /// A bulkWrite's ops in the databases that share this dictionary.
     fn bulk_write(&self, body: &mut Document) -> Result<(), ProxyError> {
-        let namespaces = namespaces_of(body);
-        let Ok(ops) = body.get_array_mut("ops") else {
-            return Ok(());
+        let lookup = |db: &str| {
+            self.policies
+                .same_dictionary(db, self.db)
+                .then_some(self.lookup)
         };
-        for op in ops.iter_mut() {
-            let Bson::Document(op) = op else { continue };
-            let Some(ns) = op_namespace(op, &namespaces).filter(|ns| in_db(ns, self.db)) else {
-                continue;
-            };
-            let coll = ns.split_once('.').map_or("", |(_, c)| c);
-            let m = self.for_collection(coll);
-            let kind = op.keys().next().cloned().unwrap_or_default();
-            m.slots(catalogue::bulk_op_slots(&kind), op)?;
-        }
-        Ok(())
+        bulk_ops(body, self.policies, &lookup)
     }
 
     pub(super) fn doc(&self, d: &Document) -> Document {
@@ -369,6 +369,55 @@ fn writes_output(body: &Document) -> bool {
     })
 }
 
+/// Tokenizes a bulkWrite in place: each op under its namespace's policy,
+/// with the dictionary `lookup` gives for its database (the ops of a
+/// database it gives none for are left as they are). A bulkWrite may span
+/// databases of different dictionaries.
+pub fn bulk_write<'a>(
+    cmd: &mut Command,
+    policies: &'a Policies,
+    lookup: &dyn Fn(&str) -> Option<Lookup<'a>>,
+) -> Result<(), ProxyError> {
+    bulk_ops(&mut cmd.body, policies, lookup)
+}
+
+fn bulk_ops<'a>(
+    body: &mut Document,
+    policies: &'a Policies,
+    lookup: &dyn Fn(&str) -> Option<Lookup<'a>>,
+) -> Result<(), ProxyError> {
+    let namespaces = namespaces_of(body);
+    let Ok(ops) = body.get_array_mut("ops") else {
+        return Ok(());
+    };
+    for op in ops.iter_mut() {
+        let Bson::Document(op) = op else { continue };
+        let Some((db, coll)) = op_namespace(op, &namespaces).and_then(|ns| ns.split_once('.'))
+        else {
+            continue;
+        };
+        let Some(names) = lookup(db) else { continue };
+        let kind = op.keys().next().cloned().unwrap_or_default();
+        Mapper::new(policies, db, coll, names).slots(catalogue::bulk_op_slots(&kind), op)?;
+    }
+    Ok(())
+}
+
+/// The database of each op of a bulkWrite, by op index.
+pub fn bulk_op_databases(body: &bson::RawDocument, ns_info: &[String]) -> Vec<Option<String>> {
+    body.get_array("ops")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|op| {
+            let i = op.as_document()?.into_iter().next()?.ok()?.1;
+            let i = i.as_i32().map(i64::from).or_else(|| i.as_i64())?;
+            let ns = ns_info.get(usize::try_from(i).ok()?)?;
+            ns.split_once('.').map(|(db, _)| db.to_owned())
+        })
+        .collect()
+}
+
 /// The namespace of each `nsInfo` entry of a bulkWrite, by index.
 pub fn bulk_write_namespaces(cmd: &Command) -> Vec<String> {
     namespaces_of(&cmd.body)
@@ -398,10 +447,6 @@ fn op_namespace<'a>(op: &Document, namespaces: &'a [String]) -> Option<&'a str> 
         .and_then(|i| usize::try_from(i).ok())
         .and_then(|i| namespaces.get(i))
         .map(String::as_str)
-}
-
-fn in_db(ns: &str, db: &str) -> bool {
-    ns.split_once('.').is_some_and(|(d, _)| d == db)
 }
 
 #[cfg(test)]

@@ -284,7 +284,7 @@ impl Mapper<'_> {
     }
 
     fn union_with(&self, u: &Document) -> Result<Document, ProxyError> {
-        let foreign = self.for_collection(u.get_str("coll").unwrap_or_default());
+        let foreign = self.foreign_namespace("$unionWith", u)?;
         let mut out = u.clone();
         if let Ok(p) = u.get_array("pipeline") {
             out.insert("pipeline", foreign.sub_pipeline(p)?);
@@ -515,7 +515,7 @@ impl Mapper<'_> {
 
     /// `$out`/`$merge` write the pipeline's documents, whose names are in
     /// this collection's mapping, into their target: refused unless the
-    /// target has the same mapping (same database, same policy).
+    /// target has the same mapping (same dictionary, same settings).
     pub(super) fn same_mapping(&self, stage: &str, target: &Bson) -> Result<(), ProxyError> {
         let (db, coll) = match target {
             Bson::String(c) => (self.db.to_owned(), c.clone()),
@@ -526,30 +526,37 @@ impl Mapper<'_> {
             _ => return Ok(()),
         };
         let target = self.policies.get(&db, &coll);
-        let same_db = db == self.db;
-        if (same_db && target == self.policy)
-            || (!same_db && !self.policies.applies_to(&db) && !self.policy.is_active())
+        let same_dictionary = self.policies.same_dictionary(&db, self.db);
+        if (same_dictionary && target == self.policy)
+            || (!same_dictionary && !self.policies.applies_to(&db) && !self.policy.is_active())
         {
             return Ok(());
         }
+        let why = if same_dictionary {
+            "its collection's tokenize settings differ from the source's"
+        } else {
+            "its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])"
+        };
         Err(ProxyError::Unsupported(format!(
-            "{stage} into {db}.{coll} cannot be rewritten: its documents would be stored under a different name mapping than the source's"
+            "{stage} into {db}.{coll} cannot be rewritten: {why}"
         )))
     }
 
-    pub(super) fn foreign_namespace(
-        &self,
+    /// The collection a stage reads from another namespace (`{db, coll}`):
+    /// rewritten with the same dictionary, so its database must share it.
+    pub(super) fn foreign_namespace<'s>(
+        &'s self,
         stage: &str,
-        ns: &Document,
-    ) -> Result<Mapper<'_>, ProxyError> {
+        ns: &'s Document,
+    ) -> Result<Mapper<'s>, ProxyError> {
         let db = ns.get_str("db").unwrap_or(self.db);
         let coll = ns.get_str("coll").unwrap_or_default();
-        if db != self.db {
+        if !self.policies.same_dictionary(db, self.db) {
             return Err(ProxyError::Unsupported(format!(
-                "{stage} from {db}.{coll}: another database has its own dictionary"
+                "{stage} from {db}.{coll} cannot be rewritten: its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])"
             )));
         }
-        Ok(self.for_collection(coll))
+        Ok(self.for_namespace(db, coll))
     }
 
     pub(super) fn clone_for_documents(&self) -> Mapper<'_> {

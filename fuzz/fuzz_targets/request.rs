@@ -1,0 +1,7 @@
+//! See `laconic::fuzzing::request`: the property lives in the library, where
+//! the property tests check it too.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    laconic::fuzzing::request(data);
+});

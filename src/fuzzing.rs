@@ -1,0 +1,189 @@
+//! The properties the fuzz targets (`fuzz/`) and the property tests check,
+//! on any input however hostile: it is refused or handled, never a panic
+//! or a hang, and tokenizing then expanding gives back the very bytes.
+//!
+//! Each function takes arbitrary bytes and panics only when a property is
+//! broken.
+
+use bson::{RawDocument, RawDocumentBuf};
+
+use crate::rewrite::catalogue::CATALOGUE;
+use crate::rewrite::expand::{self, Strings};
+use crate::rewrite::mapper::{self, Lookup};
+use crate::rewrite::{walker, Command};
+use crate::token::{Dictionary, Policies, Policy, Recorder};
+use crate::wire::{MsgFlags, OpMsg};
+
+/// Names a dictionary of the fuzz checks knows, so that inputs built from
+/// them meet tokens.
+const NAMES: &[&str] = &[
+    "first_name",
+    "last_name",
+    "custom",
+    "Favorite Player",
+    "address",
+    "location",
+    "amount",
+];
+
+fn dictionary(extra: &[String]) -> Dictionary {
+    let mut d = Dictionary::default();
+    let mut names: Vec<String> = NAMES.iter().map(|n| n.to_string()).collect();
+    names.extend(extra.iter().cloned());
+    d.add_names(&names);
+    d
+}
+
+fn policy() -> Policy {
+    Policy::new(1, &["custom".to_owned()], "laconic")
+}
+
+/// The walker accepts or refuses any bytes; what it accepts it copies
+/// byte for byte.
+pub fn walker(data: &[u8]) {
+    if walker::validate(data).is_ok() {
+        let mut out = Vec::new();
+        walker::copy(data, &mut out).expect("a validated document copies");
+        assert_eq!(out, data);
+    }
+}
+
+/// Any valid document, tokenized with every one of its names in the
+/// dictionary and expanded again, is the same bytes (key order included).
+pub fn roundtrip(data: &[u8]) {
+    if walker::validate(data).is_err() {
+        return;
+    }
+    let policy = policy();
+    let recorder = Recorder::default();
+    let mut out = Vec::new();
+    if mapper::raw::tokenize(data, &policy, &recorder, &mut out).is_err() {
+        return;
+    }
+    let dict = dictionary(&recorder.names.borrow());
+    out.clear();
+    mapper::raw::tokenize(data, &policy, &dict, &mut out).expect("tokenized once, tokenized again");
+    let stored = RawDocument::from_bytes(&out).expect("a tokenized document is a document");
+    let back = expand::raw_document(stored, &dict).expect("every token is known");
+    assert_eq!(
+        back.as_bytes(),
+        data,
+        "tokenize then expand changed the document"
+    );
+}
+
+/// Any document, sent as the body of any command of the catalogue (its
+/// first field replaced by the command's name), is rewritten or refused.
+pub fn request(data: &[u8]) {
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    if walker::validate(rest).is_err() {
+        return;
+    }
+    let Ok(doc) = RawDocument::from_bytes(rest) else {
+        return;
+    };
+    let entry = &CATALOGUE[usize::from(pick) % CATALOGUE.len()];
+    let mut body = RawDocumentBuf::new();
+    body.append(entry.name, "c");
+    for (k, v) in doc.iter().flatten() {
+        if k != entry.name && k != "$db" {
+            body.append(k, v.to_raw_bson());
+        }
+    }
+    body.append("$db", "app");
+    let m = OpMsg::from_body(MsgFlags::default(), &body);
+    let policies = Policies::new(policy());
+    let dict = dictionary(&[]);
+    if entry.name == "insert" {
+        let _ = mapper::raw::insert(&m, &policy(), &dict);
+    }
+    if let Ok(mut cmd) = Command::from_msg(&m) {
+        let _ = mapper::command(&mut cmd, "app", &policies, Lookup::of(&dict));
+    }
+}
+
+/// Any reply is expanded or refused, whichever way its strings are read;
+/// any text has its tokens named or left alone.
+pub fn reply(data: &[u8]) {
+    let dict = dictionary(&[]);
+    if let Ok(doc) = RawDocument::from_bytes(data) {
+        for strings in [
+            Strings::Data,
+            Strings::Paths,
+            Strings::Events,
+            Strings::Writes,
+        ] {
+            let _ = expand::raw_document_with(doc, &dict, strings);
+        }
+    }
+    let _ = expand::expand_text(&String::from_utf8_lossy(data), &dict);
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn seeds() -> Vec<Vec<u8>> {
+        [
+            doc! {"first_name": "Ada", "custom": {"Favorite Player": 1, "\u{2}odd": [1, {"a.b": 2}]}, "zz": null},
+            doc! {"filter": {"first_name": {"$in": ["x"]}, "$or": [{"address.location": 1}]}, "sort": {"amount": -1}},
+            doc! {"updates": [{"q": {"first_name": 1}, "u": {"$set": {"custom.New One": 2, "last_name": 3}}}]},
+            doc! {"pipeline": [{"$match": {"amount": {"$gt": 1}}}, {"$group": {"_id": "$first_name", "n": {"$sum": 1}}}]},
+            doc! {"documents": [{"_id": 1, "first_name": "x", "\u{1f}": 2}]},
+        ]
+        .iter()
+        .map(|d| bson::to_vec(d).unwrap())
+        .collect()
+    }
+
+    /// A seed with some of its bytes replaced.
+    fn mutated() -> impl Strategy<Value = Vec<u8>> {
+        (
+            0..5usize,
+            proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
+        )
+            .prop_map(|(i, edits)| {
+                let mut d = seeds()[i].clone();
+                for (at, b) in edits {
+                    let n = d.len();
+                    d[at % n] = b;
+                }
+                d
+            })
+    }
+
+    #[test]
+    fn the_seeds_hold_every_property() {
+        for s in seeds() {
+            walker(&s);
+            roundtrip(&s);
+            for pick in 0..=255u8 {
+                request(&[&[pick][..], &s].concat());
+            }
+            reply(&s);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn mutated_documents_hold_every_property(d in mutated(), pick in any::<u8>()) {
+            walker(&d);
+            roundtrip(&d);
+            request(&[&[pick][..], &d].concat());
+            reply(&d);
+        }
+
+        #[test]
+        fn arbitrary_bytes_hold_every_property(d in proptest::collection::vec(any::<u8>(), 0..200)) {
+            walker(&d);
+            roundtrip(&d);
+            request(&d);
+            reply(&d);
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Work that spans databases: a client bulkWrite across tokenized databases
+//! (each with its own dictionary), and stages that read or write another
+//! database when the two share a dictionary
+//! (`[[proxy.tokenize.dictionaries]]`), compared with an untokenized twin.
+
+use bson::{doc, Document};
+use futures::StreamExt;
+use laconic::config::DictionaryGroup;
+use mongodb::options::{
+    DeleteOneModel, InsertOneModel, UpdateManyModel, UpdateOneModel, WriteModel,
+};
+use mongodb::Namespace;
+
+use crate::common::{self, db_name};
+
+async fn proxy_with(groups: Vec<DictionaryGroup>) -> laconic::downstream::ProxyHandle {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 4;
+    config.tokenize.custom_paths = vec!["custom".into()];
+    config.tokenize.dictionaries = groups;
+    common::start(config).await
+}
+
+/// The operations of the cross-database bulkWrite, for the databases `a`
+/// and `b`: inserts, an upsert, an update, a delete, and a duplicate key
+/// in `a` at index 5.
+fn models(a: &Namespace, b: &Namespace) -> Vec<WriteModel> {
+    let insert = |ns: &Namespace, d: Document| {
+        WriteModel::InsertOne(
+            InsertOneModel::builder()
+                .namespace(ns.clone())
+                .document(d)
+                .build(),
+        )
+    };
+    vec![
+        insert(a, doc! {"_id": 1, "playerDisplayName": "Ann", "custom": {"Favorite Team": "x"}}),
+        insert(b, doc! {"_id": 1, "matchReference": 7, "minuteOfTheMatch": 12}),
+        WriteModel::UpdateOne(
+            UpdateOneModel::builder()
+                .namespace(b.clone())
+                .filter(doc! {"_id": 2})
+                .update(doc! {"$set": {"preferredPlayingPositions": ["GK"], "custom.Referee Full Name": "R"}, "$setOnInsert": {"contractInformation": {"clubName": "c"}}})
+                .upsert(true)
+                .build(),
+        ),
+        WriteModel::UpdateMany(
+            UpdateManyModel::builder()
+                .namespace(a.clone())
+                .filter(doc! {"playerDisplayName": "Ann"})
+                .update(doc! {"$set": {"contractInformation.clubName": "d"}})
+                .build(),
+        ),
+        WriteModel::DeleteOne(
+            DeleteOneModel::builder()
+                .namespace(b.clone())
+                .filter(doc! {"minuteOfTheMatch": 12})
+                .build(),
+        ),
+        insert(a, doc! {"_id": 1, "playerDisplayName": "dup"}),
+        insert(a, doc! {"_id": 2, "matchReference": 8}),
+    ]
+}
+
+#[tokio::test]
+async fn a_bulk_write_across_tokenized_databases_equals_the_twin() {
+    let proxy = proxy_with(Vec::new()).await;
+    let run = |client: mongodb::Client, side: &'static str| async move {
+        let (a, b) = (db_name("xbw_a", side), db_name("xbw_b", side));
+        let ca = client.database(&a).collection::<Document>("c");
+        let cb = client.database(&b).collection::<Document>("d");
+        ca.drop().await.unwrap();
+        cb.drop().await.unwrap();
+        let err = client
+            .bulk_write(models(&ca.namespace(), &cb.namespace()))
+            .ordered(false)
+            .verbose_results()
+            .await
+            .unwrap_err();
+        let mongodb::error::ErrorKind::BulkWrite(e) = *err.kind else {
+            panic!("{err}")
+        };
+        let mut errors: Vec<(usize, i32, String)> = e
+            .write_errors
+            .iter()
+            .map(|(i, w)| (*i, w.code, w.message.replace(side, "SIDE")))
+            .collect();
+        errors.sort();
+        let Some(mongodb::error::PartialBulkWriteResult::Verbose(r)) = e.partial_result else {
+            panic!("verbose partial results")
+        };
+        let sorted = |m: Vec<(usize, String)>| {
+            let mut m = m;
+            m.sort();
+            m
+        };
+        let result = (
+            format!("{:?}", r.summary),
+            sorted(
+                r.insert_results
+                    .iter()
+                    .map(|(i, x)| (*i, format!("{x:?}")))
+                    .collect(),
+            ),
+            sorted(
+                r.update_results
+                    .iter()
+                    .map(|(i, x)| (*i, format!("{x:?}")))
+                    .collect(),
+            ),
+            sorted(
+                r.delete_results
+                    .iter()
+                    .map(|(i, x)| (*i, format!("{x:?}")))
+                    .collect(),
+            ),
+        );
+        (
+            errors,
+            result,
+            common::by_id(&ca, doc! {}).await,
+            common::by_id(&cb, doc! {}).await,
+        )
+    };
+    let via = run(common::via_proxy(&proxy).await, "proxy").await;
+    let direct = run(common::direct().await, "direct").await;
+    assert_eq!(via, direct);
+    assert_eq!(via.0.len(), 1, "{:?}", via.0);
+    assert_eq!((via.0[0].0, via.0[0].1), (5, 11000));
+    assert_eq!(via.3.len(), 1, "{:?}", via.3);
+    // Each database's documents hold its own dictionary's tokens.
+    for (db, coll) in [("xbw_a", "c"), ("xbw_b", "d")] {
+        let stored = common::stored(&db_name(db, "proxy"), coll).await;
+        assert!(!stored.is_empty());
+        for d in &stored {
+            assert!(d.keys().all(|k| k == "_id" || k.len() < 4), "{db}: {d}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn out_and_merge_into_a_database_that_shares_the_dictionary() {
+    let side_dbs = |side: &str| (db_name("xgrp_a", side), db_name("xgrp_b", side));
+    let (pa, pb) = side_dbs("proxy");
+    let proxy = proxy_with(vec![DictionaryGroup {
+        home: None,
+        databases: vec![pa.clone(), pb.clone()],
+    }])
+    .await;
+    let run = |client: mongodb::Client, side: &'static str| async move {
+        let (a, b) = side_dbs(side);
+        client.database(&a).drop().await.unwrap();
+        client.database(&b).drop().await.unwrap();
+        let c = client.database(&a).collection::<Document>("c");
+        c.insert_many(vec![
+            doc! {"_id": 1, "playerDisplayName": "Ann", "custom": {"Favorite Team": "x"}},
+            doc! {"_id": 2, "playerDisplayName": "Bob", "matchReference": 3},
+        ])
+        .await
+        .unwrap();
+        c.aggregate(vec![
+            doc! {"$match": {"playerDisplayName": {"$exists": true}}},
+            doc! {"$set": {"copiedDisplayName": "$playerDisplayName"}},
+            doc! {"$out": {"db": &b, "coll": "out"}},
+        ])
+        .await
+        .unwrap();
+        c.aggregate(vec![
+            doc! {"$project": {"matchReference": 1, "custom": 1}},
+            doc! {"$merge": {"into": {"db": &b, "coll": "merged"}}},
+        ])
+        .await
+        .unwrap();
+        let out = client.database(&b).collection::<Document>("out");
+        let merged = client.database(&b).collection::<Document>("merged");
+        (
+            common::by_id(&out, doc! {"copiedDisplayName": "Ann"}).await,
+            common::by_id(&out, doc! {}).await,
+            common::by_id(&merged, doc! {}).await,
+        )
+    };
+    let via = run(common::via_proxy(&proxy).await, "proxy").await;
+    let direct = run(common::direct().await, "direct").await;
+    assert_eq!(via, direct);
+    assert_eq!(via.0.len(), 1);
+    // The copies hold the shared dictionary's tokens.
+    let stored = common::stored(&pb, "out").await;
+    assert!(
+        stored.iter().all(|d| !d.contains_key("copiedDisplayName")),
+        "{stored:?}"
+    );
+
+    // A database outside the group has a dictionary of its own: refused.
+    let outside = db_name("xgrp_c", "proxy");
+    let err = common::via_proxy(&proxy)
+        .await
+        .database(&pa)
+        .collection::<Document>("c")
+        .aggregate(vec![doc! {"$out": {"db": &outside, "coll": "out"}}])
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
+        panic!("{err}")
+    };
+    assert_eq!(e.code, 115);
+    assert!(
+        e.message.starts_with("laconic: $out into ") && e.message.contains("another dictionary"),
+        "{}",
+        e.message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_wide_stream_matches_fields_when_every_database_shares_one_dictionary() {
+    // Only this test's databases are tokenized: the shared upstream holds
+    // other tests' documents, which a new shared dictionary would refuse.
+    let (a, b) = (db_name("xall_a", "proxy"), db_name("xall_b", "proxy"));
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.dictionaries = vec![DictionaryGroup {
+        home: Some(db_name("xall", "home")),
+        databases: vec!["*".into()],
+    }];
+    config.tokenize.namespaces = [&a, &b]
+        .map(|db| laconic::config::NamespaceTokenize {
+            namespace: db.clone(),
+            min_len: Some(4),
+            custom_paths: Some(vec!["custom".into()]),
+            value_paths: None,
+        })
+        .to_vec();
+    let proxy = common::start(config).await;
+    let client = common::via_proxy(&proxy).await;
+    for db in [&a, &b] {
+        client.database(db).drop().await.unwrap();
+    }
+    let mut stream = client
+        .watch()
+        .pipeline(vec![doc! {"$match": {
+            "ns.db": {"$in": [&a, &b]},
+            "fullDocument.playerDisplayName": "Ann",
+        }}])
+        .await
+        .unwrap();
+    client
+        .database(&a)
+        .collection::<Document>("c")
+        .insert_many(vec![
+            doc! {"_id": 1, "playerDisplayName": "Bob"},
+            doc! {"_id": 2, "playerDisplayName": "Ann", "custom": {"Favorite Team": "x"}},
+        ])
+        .await
+        .unwrap();
+    client
+        .database(&b)
+        .collection::<Document>("d")
+        .insert_one(doc! {"_id": 3, "playerDisplayName": "Ann", "minuteOfTheMatch": 4})
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let e = tokio::time::timeout(std::time::Duration::from_secs(20), stream.next())
+            .await
+            .expect("an event within 20 s")
+            .unwrap()
+            .unwrap();
+        seen.push((e.ns.unwrap().db, e.full_document.unwrap()));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (
+                a.clone(),
+                doc! {"_id": 2, "playerDisplayName": "Ann", "custom": {"Favorite Team": "x"}}
+            ),
+            (
+                b.clone(),
+                doc! {"_id": 3, "playerDisplayName": "Ann", "minuteOfTheMatch": 4}
+            ),
+        ]
+    );
+    // Both databases' documents hold tokens of the one dictionary.
+    for (db, coll) in [(&a, "c"), (&b, "d")] {
+        let stored = common::stored(db, coll).await;
+        assert!(stored.iter().all(|d| !d.contains_key("playerDisplayName")));
+    }
+}

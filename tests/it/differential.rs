@@ -1,0 +1,114 @@
+//! The same workload through a tokenizing proxy (`min_len` 4, custom
+//! attributes under `custom`) and straight to the upstream on an
+//! untokenized twin: documents with their key order, change events and the
+//! server's error texts must be the same. Update operators order the fields
+//! they create by name, so tokens keep the names' order.
+
+use std::process::Command;
+
+use bson::{doc, Document};
+
+use crate::common::{self, db_name};
+
+async fn proxy() -> laconic::downstream::ProxyHandle {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 4;
+    config.tokenize.custom_paths = vec!["custom".into()];
+    common::start(config).await
+}
+
+#[tokio::test]
+async fn upserts_and_updates_keep_the_key_order_and_error_texts_of_the_twin() {
+    let proxy = proxy().await;
+    let run = |client: mongodb::Client, side: &'static str| async move {
+        let c = common::fresh(&client, "diff", side).await;
+        let mut out = Vec::new();
+        c.update_one(
+            doc! {"_id": 1},
+            doc! {
+                "$set": {"playerDisplayName": "Ann", "preferredPlayingPositions": ["GK"]},
+                "$setOnInsert": {"contractInformation": {"clubName": "c"}, "custom": {"Referee Full Name": "R", "Favorite Team": "x"}},
+            },
+        )
+        .upsert(true)
+        .await
+        .unwrap();
+        c.update_one(
+            doc! {"_id": 1},
+            doc! {"$set": {"minuteOfTheMatch": 3, "custom.Zulu Name": 1, "custom.Alpha Name": 2, "contractInformation.annualSalary": 5}},
+        )
+        .await
+        .unwrap();
+        let updated = c
+            .find_one_and_update(
+                doc! {"_id": 2},
+                doc! {"$set": {"zetaLongName": 1, "alphaLongName": 2}},
+            )
+            .upsert(true)
+            .return_document(mongodb::options::ReturnDocument::After)
+            .await
+            .unwrap()
+            .unwrap();
+        out.push(updated.to_string());
+        for d in common::by_id(&c, doc! {}).await {
+            out.push(d.to_string());
+        }
+        let err = c
+            .update_one(doc! {"_id": 1}, doc! {"$inc": {"playerDisplayName": 1}})
+            .await
+            .unwrap_err();
+        let mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) =
+            *err.kind
+        else {
+            panic!("{err}")
+        };
+        out.push(format!("{} {}", w.code, w.message));
+        out
+    };
+    let via = run(common::via_proxy(&proxy).await, "proxy").await;
+    let direct = run(common::direct().await, "direct").await;
+    assert_eq!(via, direct);
+    // The upsert's fields in name order, as the server creates them; the
+    // field added later after them.
+    let first: Document = common::by_id(
+        &common::direct()
+            .await
+            .database(&db_name("diff", "direct"))
+            .collection("c"),
+        doc! {"_id": 1},
+    )
+    .await
+    .remove(0);
+    let keys: Vec<&str> = first.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "_id",
+            "contractInformation",
+            "custom",
+            "playerDisplayName",
+            "preferredPlayingPositions",
+            "minuteOfTheMatch"
+        ]
+    );
+    let stored: Document = common::stored(&db_name("diff", "proxy"), "c")
+        .await
+        .remove(0);
+    assert!(!stored.contains_key("playerDisplayName"), "{stored}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pymongo_sees_the_same_documents_events_and_errors_as_on_the_twin() {
+    let proxy = proxy().await;
+    let python = common::venv_python();
+    let script = common::root().join("tests/py/differential.py");
+    let via = format!("mongodb://{}/?retryWrites=false", proxy.addr);
+    let direct = format!(
+        "mongodb://{}/?directConnection=true&retryWrites=false",
+        common::upstream().host
+    );
+    let mut command = Command::new(python);
+    command.arg(script).arg(via).arg(direct).arg("lt_pydiff");
+    let out = common::run_ok(command).await;
+    assert!(out.contains("steps identical"), "{out}");
+}

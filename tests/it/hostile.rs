@@ -1,0 +1,365 @@
+//! Hostile input on raw sockets: every kind of malformed message closes or
+//! answers only the connection that sent it, with the same outcome through
+//! a tokenizing proxy as through the pass-through, while another client's
+//! session, open throughout, keeps working and memory returns to its level.
+
+use std::time::Duration;
+
+use bson::{doc, Document};
+use laconic::downstream::ProxyHandle;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::{self, body, db_name, op_msg, read_frame, write_frame};
+
+/// What became of a connection after one malformed message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// The proxy closed it.
+    Closed,
+    /// An error reply with this code.
+    Error(i32),
+    /// A successful reply.
+    Ok,
+}
+
+fn frame(op: i32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&((16 + payload.len()) as i32).to_le_bytes());
+    out.extend_from_slice(&7_i32.to_le_bytes());
+    out.extend_from_slice(&0_i32.to_le_bytes());
+    out.extend_from_slice(&op.to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn bson(d: Document) -> Vec<u8> {
+    bson::to_vec(&d).unwrap()
+}
+
+/// An OP_MSG: flags, then sections as given.
+fn msg(flags: u32, sections: &[u8]) -> Vec<u8> {
+    let mut p = flags.to_le_bytes().to_vec();
+    p.extend_from_slice(sections);
+    frame(2013, &p)
+}
+
+fn body_section(doc: &[u8]) -> Vec<u8> {
+    let mut s = vec![0u8];
+    s.extend_from_slice(doc);
+    s
+}
+
+fn ping() -> Vec<u8> {
+    bson(doc! {"ping": 1, "$db": "admin"})
+}
+
+fn compressed(op: i32, declared: i32, compressor: u8, payload: &[u8]) -> Vec<u8> {
+    let mut p = op.to_le_bytes().to_vec();
+    p.extend_from_slice(&declared.to_le_bytes());
+    p.push(compressor);
+    p.extend_from_slice(payload);
+    frame(2012, &p)
+}
+
+/// Wraps the document `inner` as the value of `key` (in a one-element
+/// array when `array`), built on bytes: a nested `Document` would recurse
+/// in the test itself.
+fn wrap(inner: &[u8], key: &str, array: bool) -> Vec<u8> {
+    let mut value = inner.to_vec();
+    if array {
+        let mut a = Vec::new();
+        a.extend_from_slice(&((4 + 1 + 2 + value.len() + 1) as i32).to_le_bytes());
+        a.push(0x03);
+        a.extend_from_slice(b"0\0");
+        a.extend_from_slice(&value);
+        a.push(0);
+        value = a;
+    }
+    let mut d = Vec::new();
+    d.extend_from_slice(&((4 + 1 + key.len() + 1 + value.len() + 1) as i32).to_le_bytes());
+    d.push(if array { 0x04 } else { 0x03 });
+    d.extend_from_slice(key.as_bytes());
+    d.push(0);
+    d.extend_from_slice(&value);
+    d.push(0);
+    d
+}
+
+/// A filter nested `depth` levels deep (`$and` in `$and`…).
+fn nested(depth: usize) -> bson::RawDocumentBuf {
+    let mut d = bson(doc! {"leaf_value": 1});
+    for _ in 0..depth {
+        d = wrap(&d, "$and", true);
+    }
+    bson::RawDocumentBuf::from_bytes(d).unwrap()
+}
+
+/// A value nested `depth` levels deep.
+fn value_nested(depth: usize) -> bson::RawDocumentBuf {
+    let mut d = bson(doc! {"leaf_value": 1});
+    for _ in 0..depth {
+        d = wrap(&d, "inner_field", false);
+    }
+    bson::RawDocumentBuf::from_bytes(d).unwrap()
+}
+
+/// Each kind of malformed input, by name.
+fn malformed(db: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let ping = ping();
+    let mut bad_len_up = ping.clone();
+    bad_len_up[0] += 100;
+    let mut bad_len_down = ping.clone();
+    bad_len_down[0] -= 3;
+    // {ping: 1, $db: "admin", s: "abc"} with the string's terminator gone.
+    let mut unterminated = bson(doc! {"ping": 1, "$db": "admin", "s": "abcd"});
+    let n = unterminated.len();
+    unterminated[n - 2] = b'x';
+    let mut bad_key = bson(doc! {"ping": 1, "$db": "admin", "k!": 1});
+    let k = bad_key.windows(2).position(|w| w == b"k!").unwrap();
+    bad_key[k] = 0xff;
+    bad_key[k + 1] = 0xfe;
+    let zeros = zstd::encode_all(&vec![0u8; 40_000_000][..], 3).unwrap();
+    let inner = msg(0, &body_section(&ping));
+    let nested_compressed = compressed(2012, (inner.len() - 16) as i32, 0, &inner[16..]);
+    let mut query = 0_i32.to_le_bytes().to_vec();
+    query.extend_from_slice(format!("{db}.$cmd\0").as_bytes());
+    query.extend_from_slice(&0_i32.to_le_bytes());
+    query.extend_from_slice(&(-1_i32).to_le_bytes());
+    query.extend_from_slice(&bson(doc! {"find": "c"}));
+    let mut reply = 0_i32.to_le_bytes().to_vec();
+    reply.extend_from_slice(&0_i64.to_le_bytes());
+    reply.extend_from_slice(&0_i32.to_le_bytes());
+    reply.extend_from_slice(&1_i32.to_le_bytes());
+    reply.extend_from_slice(&bson(doc! {"ok": 1}));
+    let mut kind1 = body_section(&ping);
+    kind1.push(1);
+    kind1.extend_from_slice(&1000_i32.to_le_bytes());
+    kind1.extend_from_slice(b"documents\0");
+    let mut checksum = body_section(&ping);
+    checksum.extend_from_slice(&0xdead_beef_u32.to_le_bytes());
+    let two_bodies = [body_section(&ping), body_section(&ping)].concat();
+    vec![
+        ("length below the header", {
+            let mut f = frame(2013, &[0; 6]);
+            f[..4].copy_from_slice(&10_i32.to_le_bytes());
+            f
+        }),
+        ("length over the limit", {
+            let mut f = frame(2013, &[0; 16]);
+            f[..4].copy_from_slice(&60_000_000_i32.to_le_bytes());
+            f
+        }),
+        ("negative length", {
+            let mut f = frame(2013, &[0; 16]);
+            f[..4].copy_from_slice(&(-5_i32).to_le_bytes());
+            f
+        }),
+        ("unknown opcode", frame(9999, &[0; 8])),
+        ("a client-sent OP_REPLY", frame(1, &reply)),
+        ("OP_QUERY other than the handshake", frame(2004, &query)),
+        (
+            "unknown required flag bit",
+            msg(1 << 5, &body_section(&ping)),
+        ),
+        ("bad checksum", msg(1, &checksum)),
+        ("no body section", msg(0, &[])),
+        ("two body sections", msg(0, &two_bodies)),
+        (
+            "unknown section kind",
+            msg(0, &[&[7u8][..], &ping].concat()),
+        ),
+        ("kind-1 size past the message", msg(0, &kind1)),
+        (
+            "document longer than its section",
+            msg(0, &body_section(&bad_len_up)),
+        ),
+        (
+            "document shorter than it says",
+            msg(0, &body_section(&bad_len_down)),
+        ),
+        ("unterminated string", msg(0, &body_section(&unterminated))),
+        ("invalid UTF-8 key", msg(0, &body_section(&bad_key))),
+        ("unknown compressor", compressed(2013, 100, 7, &[1, 2, 3])),
+        ("compressed size that lies", {
+            let payload = zstd::encode_all(&inner[16..], 3).unwrap();
+            compressed(2013, 5, 3, &payload)
+        }),
+        (
+            "compressed size over the limit",
+            compressed(2013, 60_000_000, 3, &[0; 8]),
+        ),
+        ("nested compression", nested_compressed),
+        (
+            "decompression bomb",
+            compressed(2013, 40_000_000, 3, &zeros),
+        ),
+    ]
+}
+
+/// Commands nested deeper than the server accepts, in every shape.
+fn deep(db: &str) -> Vec<(&'static str, Vec<u8>)> {
+    use bson::{rawdoc, RawArrayBuf, RawDocumentBuf};
+    let m = |d: RawDocumentBuf| msg(0, &body_section(d.as_bytes()));
+    let one = |d: RawDocumentBuf| {
+        let mut a = RawArrayBuf::new();
+        a.push(d);
+        a
+    };
+    let mut set = RawDocumentBuf::new();
+    set.append("a_field", value_nested(2000));
+    vec![
+        (
+            "deep find filter",
+            m(rawdoc! {"find": "c", "filter": nested(800), "$db": db}),
+        ),
+        (
+            "deep insert",
+            m(rawdoc! {"insert": "c", "documents": one(value_nested(3000)), "$db": db}),
+        ),
+        (
+            "deep update value",
+            m(
+                rawdoc! {"update": "c", "updates": one(rawdoc! {"q": {}, "u": {"$set": set}}), "$db": db},
+            ),
+        ),
+        (
+            "deep pipeline",
+            m(
+                rawdoc! {"aggregate": "c", "pipeline": one(rawdoc! {"$match": nested(800)}), "cursor": {}, "$db": db},
+            ),
+        ),
+        (
+            "deep delete filter",
+            m(
+                rawdoc! {"delete": "c", "deletes": one(rawdoc! {"q": nested(800), "limit": 0}), "$db": db},
+            ),
+        ),
+    ]
+}
+
+/// Sends `bytes` on a fresh connection that has done its handshake, and
+/// reports what came back.
+async fn outcome(proxy: &ProxyHandle, bytes: &[u8]) -> Outcome {
+    let mut s = common::raw_session(proxy).await;
+    s.write_all(bytes).await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(20), read_frame(&mut s)).await;
+    match read.expect("an answer or a close within 20 s") {
+        None => Outcome::Closed,
+        Some(f) => {
+            let b = body(&f);
+            if b.get_f64("ok").unwrap_or(0.0) == 1.0 || b.get_i32("ok").unwrap_or(0) == 1 {
+                Outcome::Ok
+            } else {
+                Outcome::Error(b.get_i32("code").unwrap_or(-1))
+            }
+        }
+    }
+}
+
+/// Another client's `ping`, on its own connection, answered.
+async fn witness_pings(s: &mut TcpStream) {
+    write_frame(s, &op_msg(5, 0, doc! {"ping": 1, "$db": "admin"})).await;
+    let f = tokio::time::timeout(Duration::from_secs(20), read_frame(s))
+        .await
+        .expect("the witness answered")
+        .expect("the witness's connection open");
+    assert_eq!(body(&f).get_f64("ok").unwrap(), 1.0);
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_hurt_only_their_own_connection_in_both_modes() {
+    let db = db_name("hostile", "app");
+    let tap = common::tap(common::upstream().host.clone()).await;
+    let plain = common::start(common::proxy_config(&format!("mongodb://{}/", tap.addr))).await;
+    let mut config = common::proxy_config(&format!("mongodb://{}/", tap.addr));
+    config.tokenize.min_len = 4;
+    let tokenizing = common::start(config).await;
+    let mut witnesses = [
+        common::raw_session(&plain).await,
+        common::raw_session(&tokenizing).await,
+    ];
+    let cases = malformed(&db);
+    assert!(cases.len() >= 20);
+    let before = rss_kib();
+    for (name, bytes) in &cases {
+        let a = outcome(&plain, bytes).await;
+        let b = outcome(&tokenizing, bytes).await;
+        assert_eq!(a, b, "{name}: pass-through and tokenizing differ");
+        assert_ne!(a, Outcome::Ok, "{name} was accepted");
+        if let Outcome::Error(code) = a {
+            assert!(code != 6 && code != 1, "{name}: code {code}");
+        }
+        for w in &mut witnesses {
+            witness_pings(w).await;
+        }
+    }
+    // A client's OP_REPLY never reaches the upstream.
+    assert!(
+        !tap.opcodes.lock().contains(&1),
+        "an OP_REPLY went upstream"
+    );
+    // Deep nesting: the server's own error (15 Overflow), the process alive.
+    for (name, bytes) in deep(&db) {
+        eprintln!("deep case: {name}");
+        assert_eq!(
+            outcome(&tokenizing, &bytes).await,
+            Outcome::Error(15),
+            "{name}"
+        );
+        for w in &mut witnesses {
+            witness_pings(w).await;
+        }
+    }
+    let after = rss_kib();
+    eprintln!(
+        "RSS before {before} KiB, after {} cases {after} KiB",
+        cases.len()
+    );
+    assert!(
+        after < before + 64 * 1024,
+        "RSS grew from {before} to {after} KiB"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decompression_bombs_leave_other_clients_answered() {
+    let proxy = common::proxy().await;
+    let zeros = zstd::encode_all(&vec![0u8; 40_000_000][..], 3).unwrap();
+    let bomb = compressed(2013, 40_000_000, 3, &zeros);
+    let mut witness = common::raw_session(&proxy).await;
+    let bombing = {
+        let addr = proxy.addr;
+        tokio::spawn(async move {
+            for _ in 0..10 {
+                let mut s = TcpStream::connect(addr).await.unwrap();
+                s.write_all(&bomb).await.unwrap();
+                let mut sink = Vec::new();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut sink)).await;
+            }
+        })
+    };
+    let mut latencies = Vec::new();
+    while !bombing.is_finished() {
+        let t = std::time::Instant::now();
+        witness_pings(&mut witness).await;
+        latencies.push(t.elapsed());
+    }
+    bombing.await.unwrap();
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    eprintln!(
+        "another client's ping during 10 decompression bombs: {} pings, p50 {:?}, p99 {:?}",
+        latencies.len(),
+        at(0.5),
+        at(0.99)
+    );
+    assert!(!latencies.is_empty());
+}
