@@ -6,6 +6,7 @@ the parent process exits (stdin reaches EOF) the server is stopped, so a test
 run never leaves a server behind.
 
   upstream.py [--port N] [--auth USER:PASSWORD] [--storage DIR]
+              [--tls CERT KEY CA [--require-client-cert]]
 
 With --auth, a user with the root role is created first and the server is
 then restarted with authentication on (SecantusDB refuses createUser once auth
@@ -33,16 +34,37 @@ def free_port():
         return s.getsockname()[1]
 
 
+TLS = None  # (cert, key, ca, require client certificates)
+
+
 def start(port, storage, auth):
     args = [SERVER, "--host", "127.0.0.1", "--port", str(port), "--storage-path", storage,
             "--log-level", "WARNING"]
     if auth:
         args.append("--auth")
+    if TLS:
+        cert, key, ca, require = TLS
+        args += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-file", ca]
+        if require:
+            args.append("--tls-require-client-cert")
     return subprocess.Popen(args, stdin=subprocess.DEVNULL)
 
 
+def client_uri(port, extra=""):
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true{extra}"
+    if TLS:
+        cert, key, ca, require = TLS
+        uri += f"&tls=true&tlsCAFile={ca}"
+        if require:
+            # The server's own pair serves as a client certificate here.
+            with open(os.path.join(tempfile.gettempdir(), f"laconic-client-{port}.pem"), "w") as f:
+                f.write(open(cert).read() + open(key).read())
+            uri += f"&tlsCertificateKeyFile={f.name}"
+    return uri
+
+
 def wait_ready(port, proc, credentials=None):
-    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true&serverSelectionTimeoutMS=500"
+    uri = client_uri(port, "&serverSelectionTimeoutMS=500")
     deadline = time.time() + 60
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -74,7 +96,12 @@ def main():
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--auth", default=None, help="USER:PASSWORD")
     ap.add_argument("--storage", default=None)
+    ap.add_argument("--tls", nargs=3, metavar=("CERT", "KEY", "CA"), default=None)
+    ap.add_argument("--require-client-cert", action="store_true")
     a = ap.parse_args()
+    global TLS
+    if a.tls:
+        TLS = (*a.tls, a.require_client_cert)
     port = a.port or free_port()
     storage = a.storage or tempfile.mkdtemp(prefix="laconic-upstream-")
     owned = a.storage is None
@@ -85,8 +112,7 @@ def main():
         credentials = (user, password)
         proc = start(port, storage, auth=False)
         wait_ready(port, proc)
-        uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
-        with pymongo.MongoClient(uri) as c:
+        with pymongo.MongoClient(client_uri(port)) as c:
             c.admin.command("createUser", user, pwd=password, roles=["root"],
                             mechanisms=["SCRAM-SHA-256"])
         stop(proc)

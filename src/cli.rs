@@ -199,6 +199,18 @@ pub struct ServeArgs {
     /// Grace period for requests in flight at shutdown, in milliseconds.
     #[arg(long, env = "LACONIC_SHUTDOWN_GRACE_MS")]
     pub shutdown_grace_ms: Option<u64>,
+    /// TLS towards drivers: disabled, allowed (TLS and plain TCP) or required.
+    #[arg(long, value_enum, env = "LACONIC_TLS_MODE")]
+    pub tls_mode: Option<laconic::config::TlsMode>,
+    /// PEM certificate chain served to drivers (reloaded when it changes or on SIGHUP).
+    #[arg(long, value_name = "FILE", env = "LACONIC_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", env = "LACONIC_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: drivers must present a certificate it signed.
+    #[arg(long, value_name = "FILE", env = "LACONIC_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Compressors offered to the upstream, comma-separated (snappy, zlib, zstd).
     #[arg(long, value_delimiter = ',', env = "LACONIC_UPSTREAM_COMPRESSORS")]
     pub upstream_compressors: Option<Vec<String>>,
@@ -335,6 +347,18 @@ impl ServeArgs {
         }
         if let Some(v) = self.upstream_compressors {
             p.upstream_compressors = v.into_iter().filter(|s| !s.is_empty()).collect();
+        }
+        if let Some(v) = self.tls_mode {
+            p.tls.mode = v;
+        }
+        if let Some(v) = self.tls_cert {
+            p.tls.cert_file = Some(v);
+        }
+        if let Some(v) = self.tls_key {
+            p.tls.key_file = Some(v);
+        }
+        if let Some(v) = self.tls_client_ca {
+            p.tls.client_ca_file = Some(v);
         }
         p.shard_keys.extend(self.shard_keys);
         self.tokenize.apply(&mut p.tokenize);

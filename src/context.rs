@@ -33,6 +33,8 @@ pub struct ProxyContext {
     pub requires_auth: RequiresAuth,
     /// The untokenized deployment reads are compared with, in shadow mode.
     pub shadow: Option<Arc<crate::observe::Shadow>>,
+    /// TLS towards drivers, if it is on.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// KiB that large messages may take while they are decompressed, all
     /// sessions together (see [`crate::exchange`]).
     pub decompression: tokio::sync::Semaphore,
@@ -43,6 +45,8 @@ impl ProxyContext {
     pub async fn new(config: ProxyConfig) -> std::io::Result<ProxyContext> {
         let upstream = UpstreamAddr::parse(&config.upstream)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let tls = crate::tls::ServerTls::load(&config.tls)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let capture = match &config.capture_dir {
             Some(dir) => Some(CaptureDir::create(dir)?),
             None => None,
@@ -72,6 +76,7 @@ impl ProxyContext {
             upstream,
             capture,
             cursors: CursorTable::new(config.max_held_bytes),
+            tls,
             decompression: tokio::sync::Semaphore::new(crate::exchange::decompression_budget_kib(
                 config.max_message_size,
             )),

@@ -32,6 +32,7 @@ pub mod observe;
 pub mod random;
 pub mod rewrite;
 pub mod shutdown;
+pub mod tls;
 pub mod token;
 pub mod tools;
 pub mod upstream;

@@ -283,9 +283,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Handlers go in before the "listening on" line: a script may signal as
     // soon as it reads it.
     use tokio::signal::unix::{signal, SignalKind};
-    let (mut term, mut int) = (
+    let (mut term, mut int, mut hup) = (
         signal(SignalKind::terminate())?,
         signal(SignalKind::interrupt())?,
+        signal(SignalKind::hangup())?,
     );
     let proxy = Proxy::bind(config.proxy.clone())
         .await
@@ -300,9 +301,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     info!(listen = %handle.addr, upstream = %redact_uri(&config.proxy.upstream), "laconic started");
 
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => match handle.reload_tls() {
+                Ok(()) => info!("SIGHUP: TLS certificate files read again"),
+                Err(e) => warn!(error = %e, "SIGHUP: the TLS certificate files cannot be used; keeping the previous ones"),
+            },
+        }
     }
     info!("shutting down: no new connections; waiting up to {grace:?} for requests in flight");
     handle.shutdown.trigger();

@@ -186,6 +186,34 @@ pub struct ProxyConfig {
     pub shard_keys: Vec<ShardKeyConfig>,
     /// Name tokenization.
     pub tokenize: TokenizeConfig,
+    /// TLS on the driver leg (the upstream leg's comes from its URI).
+    pub tls: TlsConfig,
+}
+
+/// `[proxy.tls]`: TLS towards drivers.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    pub mode: TlsMode,
+    /// PEM certificate chain.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key.
+    pub key_file: Option<PathBuf>,
+    /// PEM CA bundle: when set, drivers must present a certificate it signed.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// Whether plain TCP is still served beside TLS, as mongod's `tlsMode`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// Plain TCP only (a TLS handshake is refused at once).
+    #[default]
+    Disabled,
+    /// Both.
+    Allowed,
+    /// TLS only.
+    Required,
 }
 
 /// One `[[proxy.shard_keys]]` entry.
@@ -283,6 +311,7 @@ impl Default for ProxyConfig {
             shadow: None,
             shard_keys: Vec::new(),
             tokenize: TokenizeConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -349,8 +378,17 @@ impl Config {
                 "expected HOST:PORT with an IP address",
             ));
         }
-        uri::UpstreamAddr::parse(&p.upstream)
+        uri::ConnectionString::parse(&p.upstream)
             .map_err(|e| invalid("proxy.upstream", p.upstream.clone(), &e))?;
+        if p.tls.mode != TlsMode::Disabled
+            && (p.tls.cert_file.is_none() || p.tls.key_file.is_none())
+        {
+            return Err(invalid(
+                "proxy.tls.mode",
+                format!("{:?}", p.tls.mode).to_lowercase(),
+                "TLS needs cert_file and key_file (--tls-cert, --tls-key)",
+            ));
+        }
         if p.max_connections == 0 {
             return Err(invalid(
                 "proxy.max_connections",
@@ -533,6 +571,27 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/laconic.toml");
         let config = Config::load(&path).unwrap();
         config.validate().unwrap();
+        assert_eq!(config.proxy.tls, TlsConfig::default());
+        assert_eq!(
+            config.proxy.max_held_bytes,
+            ProxyConfig::default().max_held_bytes
+        );
+    }
+
+    #[test]
+    fn tls_needs_a_certificate_and_a_key() {
+        let c = Config::parse("[proxy.tls]\nmode = \"required\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("proxy.tls.mode") && err.contains("cert_file"),
+            "{err}"
+        );
+        let c = Config::parse(
+            "[proxy.tls]\nmode = \"allowed\"\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.proxy.tls.mode, TlsMode::Allowed);
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
@@ -12,6 +12,7 @@ use super::session::Session;
 use crate::config::ProxyConfig;
 use crate::context::ProxyContext;
 use crate::shutdown::Shutdown;
+use crate::tls::{self, Stream};
 
 /// A bound, not yet running proxy.
 pub struct Proxy {
@@ -28,6 +29,19 @@ pub struct ProxyHandle {
     /// Where /metrics, /healthz and /readyz are served, if they are.
     pub metrics_addr: Option<SocketAddr>,
     pub shutdown: Shutdown,
+    /// TLS towards drivers, if it is on: [`ProxyHandle::reload_tls`].
+    tls: Option<Arc<crate::tls::ServerTls>>,
+}
+
+impl ProxyHandle {
+    /// Reads the TLS certificate files again (on SIGHUP); a failure keeps
+    /// the ones in use.
+    pub fn reload_tls(&self) -> Result<(), crate::tls::TlsError> {
+        match &self.tls {
+            Some(t) => t.reload(),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Proxy {
@@ -59,6 +73,7 @@ impl Proxy {
                 .map(TcpListener::local_addr)
                 .transpose()?,
             shutdown: self.shutdown.clone(),
+            tls: self.ctx.tls.clone(),
         })
     }
 
@@ -87,6 +102,13 @@ impl Proxy {
                 t.store
                     .clone()
                     .watch(Duration::from_secs(1), self.shutdown.clone()),
+            );
+        }
+        if let Some(tls) = &self.ctx.tls {
+            // Certificates rotate under a sidecar: their files are watched.
+            self.shutdown.tracker().spawn(
+                tls.clone()
+                    .watch(Duration::from_secs(2), self.shutdown.clone()),
             );
         }
         let limit = Arc::new(Semaphore::new(self.ctx.config.max_connections));
@@ -121,15 +143,43 @@ impl Proxy {
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let session = Session::new(stream, peer, self.ctx.clone(), self.shutdown.clone());
             let ctx = self.ctx.clone();
+            let shutdown = self.shutdown.clone();
             ctx.metrics.connection_opened();
             self.shutdown.tracker().spawn(async move {
-                session.run().await;
+                match secure(&ctx, stream).await {
+                    Ok(stream) => Session::new(stream, peer, ctx.clone(), shutdown).run().await,
+                    Err(e) => {
+                        info!(client.addr = %peer, error = %e, "closing connection before its first message")
+                    }
+                }
                 ctx.metrics.connection_closed();
                 drop(permit);
             });
         }
         info!("stopped accepting connections");
     }
+}
+
+/// ① The connection as the session reads it: after the TLS handshake when
+/// the driver makes one and TLS is served; a TLS handshake to a proxy that
+/// serves none is refused at once rather than left to time out.
+async fn secure(ctx: &ProxyContext, tcp: TcpStream) -> std::io::Result<Stream> {
+    let limit = ctx.config.handshake_timeout();
+    let handshake = async {
+        match &ctx.tls {
+            Some(tls) => tls.accept(tcp).await,
+            None if tls::starts_tls(&tcp).await? => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "a TLS handshake, but TLS is not served (proxy.tls.mode = disabled)",
+            )),
+            None => Ok(Stream::Plain(tcp)),
+        }
+    };
+    tokio::time::timeout(limit, handshake).await.map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no handshake within {limit:?}"),
+        )
+    })?
 }

@@ -16,8 +16,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::tls::Stream;
 use futures::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 use tracing::{debug, info, warn};
 
@@ -30,7 +30,7 @@ use crate::shutdown::Shutdown;
 use crate::upstream::Leg;
 use crate::wire::{self, CodecError, Frame, Message, MessageCodec, MsgFlags, OpMsg};
 
-type DownstreamConn = Framed<TcpStream, MessageCodec>;
+type DownstreamConn = Framed<Stream, MessageCodec>;
 
 pub struct Session {
     id: u64,
@@ -46,7 +46,7 @@ pub struct Session {
 
 impl Session {
     pub(crate) fn new(
-        stream: TcpStream,
+        stream: Stream,
         peer: SocketAddr,
         ctx: Arc<ProxyContext>,
         shutdown: Shutdown,

@@ -1,19 +1,41 @@
 //! Opening the upstream connection of one session.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
-pub use crate::config::uri::UpstreamAddr;
+use crate::config::uri::ConnectionString;
 use crate::error::ProxyError;
+use crate::tls::{ClientTls, Stream};
 use crate::wire::{Compressor, Frame, MessageCodec};
 
 /// One session's framed upstream connection.
-pub type UpstreamConn = Framed<TcpStream, MessageCodec>;
+pub type UpstreamConn = Framed<Stream, MessageCodec>;
 
-/// Connects to the first host that answers within `timeout`.
+/// Where upstream legs go: the hosts of the upstream URI, over TLS when the
+/// URI asks for it (read once: its files are loaded here).
+#[derive(Clone, Debug)]
+pub struct UpstreamAddr {
+    pub hosts: Vec<String>,
+    pub tls: Option<Arc<ClientTls>>,
+}
+
+impl UpstreamAddr {
+    pub fn parse(uri: &str) -> Result<UpstreamAddr, String> {
+        let c = ConnectionString::parse(uri)?;
+        let tls = ClientTls::from_options(&c.tls).map_err(|e| e.to_string())?;
+        Ok(UpstreamAddr {
+            hosts: c.hosts,
+            tls,
+        })
+    }
+}
+
+/// Connects to the first host that answers within `timeout` (and completes
+/// the TLS handshake, when TLS is on).
 pub async fn connect(
     addr: &UpstreamAddr,
     timeout: Duration,
@@ -21,16 +43,16 @@ pub async fn connect(
 ) -> Result<UpstreamConn, ProxyError> {
     let mut last = String::from("no host tried");
     for host in &addr.hosts {
-        match tokio::time::timeout(timeout, TcpStream::connect(host.as_str())).await {
-            Ok(Ok(stream)) => {
-                stream
-                    .set_nodelay(true)
-                    .map_err(|e| ProxyError::UpstreamUnavailable {
-                        addr: host.clone(),
-                        reason: e.to_string(),
-                    })?;
-                return Ok(Framed::new(stream, MessageCodec::new(max_message_size)));
+        let open = async {
+            let tcp = TcpStream::connect(host.as_str()).await?;
+            tcp.set_nodelay(true)?;
+            match &addr.tls {
+                Some(tls) => tls.connect(host, tcp).await,
+                None => Ok(Stream::Plain(tcp)),
             }
+        };
+        match tokio::time::timeout(timeout, open).await {
+            Ok(Ok(stream)) => return Ok(Framed::new(stream, MessageCodec::new(max_message_size))),
             Ok(Err(e)) => last = format!("{host}: {e}"),
             Err(_) => last = format!("{host}: timed out after {timeout:?}"),
         }

@@ -21,4 +21,5 @@ mod pymongo;
 mod schema;
 mod shard_key;
 mod shutdown;
+mod tls;
 mod tokenize;
