@@ -45,6 +45,13 @@ impl ProxyContext {
     pub async fn new(config: ProxyConfig) -> std::io::Result<ProxyContext> {
         let upstream = UpstreamAddr::parse(&config.upstream)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        if upstream.hosts.len() > 1 {
+            // Sessions open on the right host from the first one on.
+            upstream
+                .topology
+                .check(&upstream, config.connect_timeout())
+                .await;
+        }
         let tls = crate::tls::ServerTls::load(&config.tls)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let capture = match &config.capture_dir {

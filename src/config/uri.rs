@@ -7,6 +7,8 @@ use std::path::PathBuf;
 pub struct ConnectionString {
     pub hosts: Vec<String>,
     pub tls: TlsOptions,
+    /// `heartbeatFrequencyMS`: how often the hosts' roles are checked.
+    pub heartbeat_ms: Option<u64>,
 }
 
 /// The TLS options of a connection string, as drivers read them.
@@ -119,9 +121,23 @@ impl ConnectionString {
             return Err("the URI names no host".into());
         }
         let query = rest.split_once('?').map_or("", |(_, q)| q);
+        let heartbeat_ms = query
+            .split('&')
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.eq_ignore_ascii_case("heartbeatFrequencyMS"))
+            .map(|(_, v)| {
+                v.parse::<u64>()
+                    .ok()
+                    .filter(|&ms| ms >= 500)
+                    .ok_or_else(|| {
+                        format!("heartbeatFrequencyMS={v}: expected milliseconds, at least 500")
+                    })
+            })
+            .transpose()?;
         Ok(ConnectionString {
             hosts,
             tls: TlsOptions::parse(query)?,
+            heartbeat_ms,
         })
     }
 }

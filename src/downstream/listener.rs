@@ -104,6 +104,18 @@ impl Proxy {
                     .watch(Duration::from_secs(1), self.shutdown.clone()),
             );
         }
+        let upstream = &self.ctx.upstream;
+        if upstream.hosts.len() > 1 {
+            // Which host is the primary, which mongos hosts answer.
+            self.shutdown
+                .tracker()
+                .spawn(upstream.topology.clone().monitor(
+                    upstream.clone(),
+                    upstream.heartbeat,
+                    self.ctx.config.connect_timeout(),
+                    self.shutdown.clone(),
+                ));
+        }
         if let Some(tls) = &self.ctx.tls {
             // Certificates rotate under a sidecar: their files are watched.
             self.shutdown.tracker().spawn(

@@ -90,6 +90,7 @@ impl Session {
             Err(e) => {
                 self.ctx.metrics.error(e.code().1);
                 if e.side() == Side::Upstream && e.code().0 == 6 {
+                    self.ctx.upstream.topology.suspect();
                     // A server that comes back may be another one (restored
                     // or wiped): dictionaries are read again before use.
                     if let Some(t) = &self.ctx.rewrite.tokens {
@@ -169,6 +170,14 @@ impl Session {
             if !*pending {
                 break;
             }
+        }
+        if x.upstream_moved() {
+            self.ctx.upstream.topology.suspect();
+            self.upstream.drop_connection();
+            return Err(ProxyError::UpstreamLost(
+                "the upstream host is no longer the primary; the driver reconnects to the new one"
+                    .into(),
+            ));
         }
         Ok(())
     }

@@ -72,6 +72,8 @@ pub struct Exchange {
     shadowed: Option<bson::Document>,
     /// Who sends it: the owner of the cursors it opens.
     owner: Owner,
+    /// A reply said the upstream host stopped being the primary.
+    moved: bool,
     answered: bool,
     _timer: Option<RequestTimer>,
 }
@@ -105,6 +107,7 @@ impl Exchange {
             plan: ReplyPlan::Forward,
             shadowed: None,
             owner: Owner::default(),
+            moved: false,
             answered: false,
             _timer,
         })
@@ -227,6 +230,9 @@ impl Exchange {
         reply: Frame,
     ) -> Result<Frame, ProxyError> {
         let reply = decompress(ctx, reply, Side::Upstream).await?.0;
+        if let Some(m) = reply.op_msg() {
+            self.moved |= crate::upstream::topology::moved(m.body());
+        }
         let physical = reply.op_msg().map(|m| m.body().as_bytes().len());
         let replied = tokens::expand(ctx, reply, &self.plan, &mut state.legs).await?;
         let frame = replied.frame;
@@ -258,6 +264,13 @@ impl Exchange {
             held?;
         }
         Ok(frame)
+    }
+
+    /// Whether a reply said the upstream host is no longer the primary: the
+    /// session ends once the driver has it, so that the driver's retry and
+    /// re-authentication open a session on the new primary.
+    pub fn upstream_moved(&self) -> bool {
+        self.moved
     }
 
     /// Notes that the driver has had a reply to this request.

@@ -189,8 +189,11 @@ fn present_as_mongos(body: &RawDocument, plan: &HelloPlan) -> Result<RawDocument
                 out.append(key, v.min(MAX_WIRE_VERSION));
             }
             ("msg", _) => {
+                // Once, wherever the server puts it (before or after `ok`).
+                if !has_msg {
+                    out.append(key, "isdbgrid");
+                }
                 has_msg = true;
-                out.append(key, "isdbgrid");
             }
             ("ok", v) => {
                 if !has_msg {
@@ -452,6 +455,21 @@ mod tests {
             Document::try_from(r.first().unwrap()).unwrap(),
             doc! {"ismaster": true, "msg": "isdbgrid", "compression": ["zlib"], "ok": 1.0}
         );
+        // A mongos that puts `msg` after `ok`: still one `msg`.
+        let upstream =
+            RawDocumentBuf::from_document(&doc! {"ismaster": true, "ok": 1.0, "msg": "isdbgrid"})
+                .unwrap();
+        let out = reply(
+            Frame::new(6, 5, Message::Reply(OpReply::single(&upstream))),
+            &plan,
+            &mut LegState::default(),
+        )
+        .unwrap();
+        let Message::Reply(r) = out.message() else {
+            panic!()
+        };
+        let keys: Vec<&str> = r.first().unwrap().iter().map(|e| e.unwrap().0).collect();
+        assert_eq!(keys.iter().filter(|k| **k == "msg").count(), 1, "{keys:?}");
     }
 
     #[test]

@@ -394,9 +394,17 @@ fn cluster_stream(
         strings: expand::Strings::Events,
         expand: Some(Expansion::PerEvent),
     };
-    if let Some(shared) = t.policies.shared_scope() {
+    // With one dictionary and one set of settings everywhere, the stages are
+    // rewritten as for any database.
+    let shared = t.policies.shared_scope().filter(|_| t.policies.uniform());
+    if let Some(shared) = shared {
         return Ok((kind, Some(shared.to_owned())));
     }
+    let why = if t.policies.shared_scope().is_some() {
+        "the databases have different tokenize settings ([[proxy.tokenize.namespaces]])"
+    } else {
+        "the databases have different dictionaries (one shared by every database is configured with databases = [\"*\"] in [[proxy.tokenize.dictionaries]])"
+    };
     let stages = body.get_array("pipeline").into_iter().flatten().skip(1);
     for stage in stages.flatten().filter_map(|s| s.as_document()) {
         let named = stage.iter().flatten().map(|(k, _)| k).next().unwrap_or("");
@@ -408,7 +416,7 @@ fn cluster_stream(
             .any(|f| text.contains(f))
         {
             return Err(ProxyError::Unsupported(format!(
-                "a stage naming document fields ({named}) in a cluster-wide change stream cannot be rewritten: the databases have different dictionaries (one shared by every database is configured with databases = [\"*\"] in [[proxy.tokenize.dictionaries]]); watch the database or the collection instead"
+                "a stage naming document fields ({named}) in a cluster-wide change stream cannot be rewritten: {why}; watch the database or the collection instead"
             )));
         }
     }

@@ -141,6 +141,12 @@ impl Policies {
         self.groups.iter().find(|g| g.home == scope)
     }
 
+    /// Whether every database and collection has the default settings (no
+    /// `[[proxy.tokenize.namespaces]]` entry changes them).
+    pub fn uniform(&self) -> bool {
+        self.rules.iter().all(|(_, p)| *p == self.default)
+    }
+
     /// The one dictionary every tokenized database shares, if one does.
     pub fn shared_scope(&self) -> Option<&str> {
         self.groups

@@ -7,6 +7,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
+use super::topology::Topology;
 use crate::config::uri::ConnectionString;
 use crate::error::ProxyError;
 use crate::tls::{ClientTls, Stream};
@@ -16,11 +17,15 @@ use crate::wire::{Compressor, Frame, MessageCodec};
 pub type UpstreamConn = Framed<Stream, MessageCodec>;
 
 /// Where upstream legs go: the hosts of the upstream URI, over TLS when the
-/// URI asks for it (read once: its files are loaded here).
+/// URI asks for it (read once: its files are loaded here), in the order
+/// their [`Topology`] says.
 #[derive(Clone, Debug)]
 pub struct UpstreamAddr {
     pub hosts: Vec<String>,
     pub tls: Option<Arc<ClientTls>>,
+    pub topology: Arc<Topology>,
+    /// How often the topology is checked (`heartbeatFrequencyMS`, 10 s).
+    pub heartbeat: Duration,
 }
 
 impl UpstreamAddr {
@@ -28,33 +33,53 @@ impl UpstreamAddr {
         let c = ConnectionString::parse(uri)?;
         let tls = ClientTls::from_options(&c.tls).map_err(|e| e.to_string())?;
         Ok(UpstreamAddr {
+            topology: Arc::new(Topology::new(c.hosts.len())),
             hosts: c.hosts,
             tls,
+            heartbeat: Duration::from_millis(c.heartbeat_ms.unwrap_or(10_000)),
         })
     }
 }
 
-/// Connects to the first host that answers within `timeout` (and completes
-/// the TLS handshake, when TLS is on).
+/// Opens one host (and completes the TLS handshake, when TLS is on).
+pub async fn connect_host(
+    addr: &UpstreamAddr,
+    host: &str,
+    timeout: Duration,
+    max_message_size: usize,
+) -> Result<UpstreamConn, String> {
+    let open = async {
+        let tcp = TcpStream::connect(host).await?;
+        tcp.set_nodelay(true)?;
+        match &addr.tls {
+            Some(tls) => tls.connect(host, tcp).await,
+            None => Ok(Stream::Plain(tcp)),
+        }
+    };
+    match tokio::time::timeout(timeout, open).await {
+        Ok(Ok(stream)) => Ok(Framed::new(stream, MessageCodec::new(max_message_size))),
+        Ok(Err(e)) => Err(format!("{host}: {e}")),
+        Err(_) => Err(format!("{host}: timed out after {timeout:?}")),
+    }
+}
+
+/// Connects to the host the topology puts first, or the next that answers
+/// within `timeout`.
 pub async fn connect(
     addr: &UpstreamAddr,
     timeout: Duration,
     max_message_size: usize,
 ) -> Result<UpstreamConn, ProxyError> {
     let mut last = String::from("no host tried");
-    for host in &addr.hosts {
-        let open = async {
-            let tcp = TcpStream::connect(host.as_str()).await?;
-            tcp.set_nodelay(true)?;
-            match &addr.tls {
-                Some(tls) => tls.connect(host, tcp).await,
-                None => Ok(Stream::Plain(tcp)),
+    for i in addr.topology.order() {
+        match connect_host(addr, &addr.hosts[i], timeout, max_message_size).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) => {
+                if addr.hosts.len() > 1 {
+                    addr.topology.down(i);
+                }
+                last = e;
             }
-        };
-        match tokio::time::timeout(timeout, open).await {
-            Ok(Ok(stream)) => return Ok(Framed::new(stream, MessageCodec::new(max_message_size))),
-            Ok(Err(e)) => last = format!("{host}: {e}"),
-            Err(_) => last = format!("{host}: timed out after {timeout:?}"),
         }
     }
     Err(ProxyError::UpstreamUnavailable {
@@ -109,6 +134,12 @@ impl Leg {
         let len = frame.header.length as usize;
         send(self.conn().await?, frame).await?;
         Ok(len)
+    }
+
+    /// Closes the connection (the server it went to stopped being the
+    /// primary): the next request would open one on the new primary.
+    pub fn drop_connection(&mut self) {
+        self.conn = None;
     }
 
     /// The next reply, as it came (a caller decompresses it). Cancellation

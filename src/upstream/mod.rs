@@ -1,5 +1,7 @@
 //! ⑤⑥ The upstream leg: where requests are forwarded and replies read from.
 
 mod connection;
+pub mod topology;
 
-pub use connection::{connect, next_reply, send, Leg, UpstreamAddr, UpstreamConn};
+pub use connection::{connect, connect_host, next_reply, send, Leg, UpstreamAddr, UpstreamConn};
+pub use topology::Topology;

@@ -152,12 +152,21 @@ pub async fn start(config: ProxyConfig) -> ProxyHandle {
     Proxy::start(config).await.expect("start proxy")
 }
 
+/// Pooled connections idle longer than this are closed by the driver: the
+/// upstream used here closes connections idle for 300 s, and a slow test on
+/// a busy machine would otherwise meet one it closed (as with any server or
+/// load balancer that has an idle timeout).
+const MAX_IDLE: &str = "maxIdleTimeMS=120000";
+
 /// A driver pointed at the proxy exactly as a user would: the address only,
 /// no `directConnection`.
 pub async fn via_proxy(proxy: &ProxyHandle) -> Client {
-    Client::with_uri_str(format!("mongodb://{}/?retryWrites=false", proxy.addr))
-        .await
-        .expect("client")
+    Client::with_uri_str(format!(
+        "mongodb://{}/?retryWrites=false&{MAX_IDLE}",
+        proxy.addr
+    ))
+    .await
+    .expect("client")
 }
 
 /// A driver connected straight to the upstream.
@@ -165,9 +174,9 @@ pub async fn direct() -> Client {
     let uri = &upstream().uri;
     let sep = if uri.contains('?') { "&" } else { "?" };
     let uri = if uri.ends_with('/') || uri.contains('?') {
-        format!("{uri}{sep}directConnection=true&retryWrites=false")
+        format!("{uri}{sep}directConnection=true&retryWrites=false&{MAX_IDLE}")
     } else {
-        format!("{uri}/?directConnection=true&retryWrites=false")
+        format!("{uri}/?directConnection=true&retryWrites=false&{MAX_IDLE}")
     };
     Client::with_uri_str(uri).await.expect("client")
 }

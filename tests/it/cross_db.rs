@@ -213,23 +213,21 @@ async fn out_and_merge_into_a_database_that_shares_the_dictionary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_wide_stream_matches_fields_when_every_database_shares_one_dictionary() {
-    // Only this test's databases are tokenized: the shared upstream holds
-    // other tests' documents, which a new shared dictionary would refuse.
+    // The shared upstream holds other tests' documents, so a new shared
+    // dictionary would be refused (they could be tokenized otherwise): it is
+    // made first, as an operator adopting the deployment would.
+    let home = db_name("xall", "home");
+    let direct = common::direct().await;
+    direct.database(&home).drop().await.unwrap();
+    let mut init = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
+    init.args(["store", "init", "--uri", &common::upstream().uri, &home]);
+    common::run_ok(init).await;
     let (a, b) = (db_name("xall_a", "proxy"), db_name("xall_b", "proxy"));
-    let mut config = common::proxy_config(&common::upstream().uri);
-    config.tokenize.dictionaries = vec![DictionaryGroup {
-        home: Some(db_name("xall", "home")),
+    let proxy = proxy_with(vec![DictionaryGroup {
+        home: Some(home.clone()),
         databases: vec!["*".into()],
-    }];
-    config.tokenize.namespaces = [&a, &b]
-        .map(|db| laconic::config::NamespaceTokenize {
-            namespace: db.clone(),
-            min_len: Some(4),
-            custom_paths: Some(vec!["custom".into()]),
-            value_paths: None,
-        })
-        .to_vec();
-    let proxy = common::start(config).await;
+    }])
+    .await;
     let client = common::via_proxy(&proxy).await;
     for db in [&a, &b] {
         client.database(db).drop().await.unwrap();

@@ -23,3 +23,4 @@ mod shard_key;
 mod shutdown;
 mod tls;
 mod tokenize;
+mod topology;

@@ -1,0 +1,302 @@
+//! Replica-set primaries that move and lists of mongos hosts, which a
+//! one-member server cannot show: a fault-injection relay in front of the
+//! real upstream plays each host. It forwards every message, and by its
+//! mode answers `hello` as a primary, a secondary or a mongos, refuses
+//! writes as a secondary would (`NotWritablePrimary`), or is down
+//! (connections closed at once).
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document, RawDocumentBuf};
+use futures::{SinkExt, StreamExt};
+use laconic::wire::{Frame, Message, MessageCodec, MsgFlags, OpMsg, MAX_MESSAGE_SIZE};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::codec::Framed;
+
+use crate::common::{self, db_name};
+
+const PRIMARY: u8 = 0;
+const SECONDARY: u8 = 1;
+const MONGOS: u8 = 2;
+const DOWN: u8 = 3;
+
+/// One host of a pretend deployment.
+struct Relay {
+    addr: String,
+    mode: Arc<AtomicU8>,
+    /// Write commands forwarded to the upstream.
+    writes: Arc<AtomicUsize>,
+}
+
+impl Relay {
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+}
+
+const WRITES: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "create",
+    "drop",
+];
+
+async fn relay(target: String, mode: u8, set: Arc<parking_lot::Mutex<Vec<String>>>) -> Relay {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mode = Arc::new(AtomicU8::new(mode));
+    let writes = Arc::new(AtomicUsize::new(0));
+    let (m, w, me) = (mode.clone(), writes.clone(), addr.clone());
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            if m.load(Ordering::SeqCst) == DOWN {
+                continue; // dropped: closed at once
+            }
+            let (m, w, set, me, target) = (
+                m.clone(),
+                w.clone(),
+                set.clone(),
+                me.clone(),
+                target.clone(),
+            );
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(&target).await else {
+                    return;
+                };
+                let mut c = Framed::new(client, MessageCodec::new(MAX_MESSAGE_SIZE));
+                let mut s = Framed::new(server, MessageCodec::new(MAX_MESSAGE_SIZE));
+                while let Some(Ok(request)) = c.next().await {
+                    let mode = m.load(Ordering::SeqCst);
+                    if mode == DOWN {
+                        return;
+                    }
+                    let name = request.command_name().unwrap_or_default().to_owned();
+                    if mode == SECONDARY && WRITES.contains(&name.as_str()) {
+                        let body = doc! {"ok": 0.0, "errmsg": "not primary", "code": 10107, "codeName": "NotWritablePrimary"};
+                        let reply = reply_to(&request, &body);
+                        if c.send(reply).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    if WRITES.contains(&name.as_str()) {
+                        w.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if s.send(request.clone()).await.is_err() {
+                        return;
+                    }
+                    let Some(Ok(reply)) = s.next().await else {
+                        return;
+                    };
+                    let reply = if matches!(name.as_str(), "hello" | "isMaster" | "ismaster") {
+                        let set = set.lock().clone();
+                        as_member(&request, &reply, mode, &set, &me)
+                    } else {
+                        reply
+                    };
+                    if c.send(reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Relay { addr, mode, writes }
+}
+
+fn reply_to(request: &Frame, body: &Document) -> Frame {
+    let raw = RawDocumentBuf::from_document(body).unwrap();
+    let message = match request.message() {
+        Message::Query(_) => Message::Reply(laconic::wire::OpReply::single(&raw)),
+        _ => Message::Msg(OpMsg::from_body(MsgFlags::default(), &raw)),
+    };
+    Frame::new(
+        request.header.request_id.wrapping_add(1),
+        request.header.request_id,
+        message,
+    )
+}
+
+/// The upstream's `hello` reply, as the member `mode` says this host is.
+fn as_member(request: &Frame, reply: &Frame, mode: u8, set: &[String], me: &str) -> Frame {
+    let raw = match reply.message() {
+        Message::Msg(m) => m.body(),
+        Message::Reply(r) => match r.first() {
+            Some(d) => d,
+            None => return reply.clone(),
+        },
+        _ => return reply.clone(),
+    };
+    let mut body = Document::try_from(raw).unwrap();
+    for k in [
+        "msg",
+        "setName",
+        "hosts",
+        "primary",
+        "me",
+        "secondary",
+        "isWritablePrimary",
+        "ismaster",
+    ] {
+        body.remove(k);
+    }
+    match mode {
+        MONGOS => {
+            body.insert("isWritablePrimary", true);
+            body.insert("ismaster", true);
+            body.insert("msg", "isdbgrid");
+        }
+        _ => {
+            body.insert("isWritablePrimary", mode == PRIMARY);
+            body.insert("ismaster", mode == PRIMARY);
+            body.insert("secondary", mode == SECONDARY);
+            body.insert("setName", "rs0");
+            body.insert("hosts", set.to_vec());
+            body.insert("me", me);
+        }
+    }
+    reply_to(request, &body)
+}
+
+async fn relays(modes: &[u8]) -> Vec<Relay> {
+    // The addresses are known only once bound: the set lists them after.
+    let set = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut out = Vec::new();
+    for &m in modes {
+        out.push(relay(common::upstream().host.clone(), m, set.clone()).await);
+    }
+    *set.lock() = out.iter().map(|r| r.addr.clone()).collect();
+    out
+}
+
+fn uri(relays: &[Relay], options: &str) -> String {
+    let hosts: Vec<&str> = relays.iter().map(|r| r.addr.as_str()).collect();
+    format!("mongodb://{}/?{options}", hosts.join(","))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_follow_the_primary_and_writes_survive_a_failover() {
+    let hosts = relays(&[SECONDARY, PRIMARY]).await;
+    let mut config = common::proxy_config(&uri(&hosts, "replicaSet=rs0&heartbeatFrequencyMS=500"));
+    config.tokenize.min_len = 4;
+    let proxy = common::start(config).await;
+    // After NotWritablePrimary the driver re-checks the proxy at its own
+    // heartbeat before it retries: 500 ms here (10 s by default).
+    let client = mongodb::Client::with_uri_str(format!(
+        "mongodb://{}/?retryWrites=true&heartbeatFrequencyMS=500&maxIdleTimeMS=120000",
+        proxy.addr
+    ))
+    .await
+    .unwrap();
+    let c = client
+        .database(&db_name("failover", "app"))
+        .collection::<Document>("c");
+    c.drop().await.unwrap();
+    for i in 0..20 {
+        c.insert_one(doc! {"_id": i, "written_before": true})
+            .await
+            .unwrap();
+    }
+    assert_eq!(hosts[0].writes(), 0, "a write went to the secondary");
+    assert!(hosts[1].writes() >= 20);
+
+    // The primary steps down and the other member takes over, while a
+    // writer keeps writing with retryable writes.
+    let writer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            for i in 100..300 {
+                if c.insert_one(doc! {"_id": i, "written_during": true})
+                    .await
+                    .is_ok()
+                {
+                    acknowledged.push(i);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            acknowledged
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = hosts[0].writes();
+    let flipped = Instant::now();
+    hosts[1].set(SECONDARY);
+    hosts[0].set(PRIMARY);
+    let mut failover = None;
+    while failover.is_none() && flipped.elapsed() < Duration::from_secs(30) {
+        if hosts[0].writes() > before {
+            failover = Some(flipped.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let acknowledged = writer.await.unwrap();
+    eprintln!(
+        "failover: first write on the new primary {:?} after the step-down; {} of 200 writes acknowledged",
+        failover.expect("writes reached the new primary"),
+        acknowledged.len()
+    );
+    // Every acknowledged write is there.
+    let stored = common::by_id(&c, doc! {"written_during": true}).await;
+    let ids: Vec<i32> = stored.iter().map(|d| d.get_i32("_id").unwrap()).collect();
+    for i in &acknowledged {
+        assert!(ids.contains(i), "acknowledged write {i} is missing");
+    }
+    assert!(
+        acknowledged.len() >= 190,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_spread_over_the_mongos_hosts_that_answer() {
+    let hosts = relays(&[MONGOS, DOWN, MONGOS]).await;
+    let proxy = common::start(common::proxy_config(&uri(
+        &hosts,
+        "heartbeatFrequencyMS=500",
+    )))
+    .await;
+    let db = db_name("mongoses", "app");
+    for i in 0..12 {
+        // A new client each time: a new session, a new upstream connection.
+        let client = mongodb::Client::with_uri_str(format!("mongodb://{}/", proxy.addr))
+            .await
+            .unwrap();
+        client
+            .database(&db)
+            .collection::<Document>("c")
+            .insert_one(doc! {"i": i})
+            .await
+            .unwrap();
+    }
+    let (a, down, b) = (hosts[0].writes(), hosts[1].writes(), hosts[2].writes());
+    assert_eq!(down, 0);
+    assert!(a >= 3 && b >= 3, "spread {a} / {b}");
+    // The host that was down comes back: it takes sessions again.
+    hosts[1].set(MONGOS);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for i in 0..6 {
+        let client = mongodb::Client::with_uri_str(format!("mongodb://{}/", proxy.addr))
+            .await
+            .unwrap();
+        client
+            .database(&db)
+            .collection::<Document>("c")
+            .insert_one(doc! {"i": 100 + i})
+            .await
+            .unwrap();
+    }
+    assert!(
+        hosts[1].writes() > 0,
+        "the host that came back took no session"
+    );
+}
