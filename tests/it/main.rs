@@ -7,6 +7,7 @@ mod common;
 mod aggregate;
 mod capture;
 mod cross_db;
+mod deploy;
 mod dictionary;
 mod differential;
 mod errors;
