@@ -141,7 +141,13 @@ impl Exchange {
     ) -> Result<Step, ProxyError> {
         let mut gate = Gate::Rewrite;
         if let Message::Msg(m) = self.frame.message() {
-            if ctx.rewrite.tokens.is_some() && !auth::is_authentication(&self.command) {
+            // Who sends a command that may open or continue a cursor (the
+            // hot writes open none).
+            let writes = matches!(
+                self.command.as_str(),
+                "insert" | "update" | "delete" | "findAndModify"
+            );
+            if ctx.rewrite.tokens.is_some() && !writes && !auth::is_authentication(&self.command) {
                 self.owner = Owner {
                     users: state.auth.users(leg).await?,
                     lsid: Owner::lsid_of(m.body()),

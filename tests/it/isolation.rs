@@ -250,28 +250,13 @@ fn code_of_insert(e: &mongodb::error::Error) -> i32 {
 
 #[tokio::test]
 async fn a_client_cannot_forge_a_line_in_the_text_log() {
-    use std::io::{BufRead, BufReader, Read};
-    use std::process::{Command, Stdio};
+    use std::io::Read;
+    use std::process::Command;
 
     use laconic::wire::MsgFlags;
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_laconic"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--upstream"])
-        .arg(&common::upstream().uri)
-        .args(["--tokenize-min-len", "4", "--log-format", "text"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let (mut child, addr) =
+        common::serve_process(&["--tokenize-min-len", "4", "--log-format", "text"]);
     let forged = "2020-01-01T00:00:00.000000Z  INFO laconic: shutdown complete";
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
     // Unacknowledged (w:0) commands the proxy refuses, whose names and

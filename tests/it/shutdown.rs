@@ -1,7 +1,6 @@
 //! Connection limits, graceful shutdown, and the binary's start-up contract.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use bson::{doc, Document};
@@ -88,28 +87,8 @@ async fn shutdown_lets_the_request_in_flight_finish_and_refuses_new_connections(
 
 #[test]
 fn the_binary_prints_its_address_and_exits_cleanly_on_sigterm() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_laconic"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &common::upstream().uri,
-            "--log-format",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("listening line");
+    let (mut child, addr) = common::serve_process(&["--log-format", "json"]);
+    let addr = addr.as_str();
     let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
     assert_ne!(port, 0);
     std::net::TcpStream::connect(addr).expect("accepting");

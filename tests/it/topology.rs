@@ -266,17 +266,22 @@ async fn sessions_spread_over_the_mongos_hosts_that_answer() {
     )))
     .await;
     let db = db_name("mongoses", "app");
+    // A new client each time: a new session, a new upstream connection.
+    let insert_as_new_client = |i: i32| {
+        let (addr, db) = (proxy.addr, db.clone());
+        async move {
+            mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
+                .await
+                .unwrap()
+                .database(&db)
+                .collection::<Document>("c")
+                .insert_one(doc! {"i": i})
+                .await
+                .unwrap();
+        }
+    };
     for i in 0..12 {
-        // A new client each time: a new session, a new upstream connection.
-        let client = mongodb::Client::with_uri_str(format!("mongodb://{}/", proxy.addr))
-            .await
-            .unwrap();
-        client
-            .database(&db)
-            .collection::<Document>("c")
-            .insert_one(doc! {"i": i})
-            .await
-            .unwrap();
+        insert_as_new_client(i).await;
     }
     let (a, down, b) = (hosts[0].writes(), hosts[1].writes(), hosts[2].writes());
     assert_eq!(down, 0);
@@ -285,15 +290,7 @@ async fn sessions_spread_over_the_mongos_hosts_that_answer() {
     hosts[1].set(MONGOS);
     tokio::time::sleep(Duration::from_secs(2)).await;
     for i in 0..6 {
-        let client = mongodb::Client::with_uri_str(format!("mongodb://{}/", proxy.addr))
-            .await
-            .unwrap();
-        client
-            .database(&db)
-            .collection::<Document>("c")
-            .insert_one(doc! {"i": 100 + i})
-            .await
-            .unwrap();
+        insert_as_new_client(100 + i).await;
     }
     assert!(
         hosts[1].writes() > 0,

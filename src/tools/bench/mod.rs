@@ -47,6 +47,16 @@ pub struct BenchArgs {
     /// "no-metrics"), and report metrics on/off as a ratio.
     #[arg(long)]
     pub metrics_off: bool,
+    /// Also run a Laconic that requires TLS from drivers (target "tls"),
+    /// with this certificate chain (PEM; --tls-key and --tls-ca too), and
+    /// report its cost against the plain one.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<std::path::PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The CA that signed --tls-cert, for the benchmark's driver.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 /// One measured case.
@@ -137,6 +147,19 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     } else {
         None
     };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let mut c = config.clone();
+            c.tls = crate::config::TlsConfig {
+                mode: crate::config::TlsMode::Required,
+                cert_file: Some(cert.clone()),
+                key_file: Some(key.clone()),
+                client_ca_file: None,
+            };
+            Some(Proxy::start(c).await?)
+        }
+        _ => None,
+    };
     let proxy = Proxy::start(config).await?;
     let relay = if args.no_relay {
         None
@@ -162,6 +185,13 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     }
     if let Some(r) = &relay {
         targets.push(("relay", uri(&r.addr)));
+    }
+    if let (Some(t), Some(ca)) = (&tls, &args.tls_ca) {
+        let ca = ca.display();
+        targets.push((
+            "tls",
+            format!("{}&tls=true&tlsCAFile={ca}", uri(&t.addr.to_string())),
+        ));
     }
     let mut clients = Vec::new();
     for (name, uri) in &targets {
@@ -193,8 +223,8 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
         client.shutdown().await;
     }
     proxy.shutdown.trigger();
-    if let Some(q) = quiet {
-        q.shutdown.trigger();
+    for p in quiet.iter().chain(&tls) {
+        p.shutdown.trigger();
     }
     Ok(())
 }
@@ -245,13 +275,14 @@ async fn run_cases<'a>(
 fn print_summary(summary: &[Case<'_>]) {
     println!();
     println!(
-        "{:<26} {:>3} {:>18} {:>18} {:>22} {:>18}",
+        "{:<26} {:>3} {:>18} {:>18} {:>22} {:>18} {:>24}",
         "operation",
         "c",
         "laconic/direct",
         "relay/direct",
         "added p50 vs relay's",
-        "metrics on/off"
+        "metrics on/off",
+        "tls/plain (added p50)"
     );
     for (op, c, results) in summary {
         let get = |n: &str| results.iter().find(|(name, _)| *name == n).map(|(_, m)| m);
@@ -265,8 +296,15 @@ fn print_summary(summary: &[Case<'_>]) {
                 format!("{:.3}x", m.ops_per_sec() / base.ops_per_sec())
             })
         };
+        let tls = get("tls").map_or("-".into(), |t| {
+            format!(
+                "{} ({:+.0} µs)",
+                ratio(Some(t), l),
+                (t.p50.as_secs_f64() - l.p50.as_secs_f64()) * 1e6
+            )
+        });
         println!(
-            "{:<26} {:>3} {:>17.3}x {:>18} {:>22} {:>18}",
+            "{:<26} {:>3} {:>17.3}x {:>18} {:>22} {:>18} {:>24}",
             op.name(),
             c,
             l.ops_per_sec() / d.ops_per_sec(),
@@ -275,6 +313,7 @@ fn print_summary(summary: &[Case<'_>]) {
                 format!("{:+.0} µs vs {:+.0} µs", added(l) * 1e6, added(r) * 1e6)
             }),
             get("no-metrics").map_or("-".into(), |q| ratio(Some(l), q)),
+            tls,
         );
     }
 }
