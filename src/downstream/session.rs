@@ -42,6 +42,9 @@ pub struct Session {
     shutdown: Shutdown,
     capture: Option<CaptureWriter>,
     next_local_id: i32,
+    /// A request the driver sent while an exhaust stream was still
+    /// replying: served once the stream ends, as the server would.
+    pipelined: Option<Frame>,
 }
 
 impl Session {
@@ -76,6 +79,7 @@ impl Session {
             ctx,
             shutdown,
             next_local_id: 1,
+            pipelined: None,
         }
     }
 
@@ -185,6 +189,9 @@ impl Session {
     /// ② Reads the next request. `None` when the driver closed the connection
     /// or shutdown began while the session was idle.
     async fn read_request(&mut self, first: bool) -> Result<Option<Frame>, ProxyError> {
+        if let Some(frame) = self.pipelined.take() {
+            return Ok(Some(frame));
+        }
         // `FramedRead::next` is cancellation safe: a partly read frame stays
         // in the codec's buffer, and the session ends anyway if shutdown wins.
         let next = async {
@@ -218,21 +225,27 @@ impl Session {
         }
     }
 
-    /// ⑥ The next reply. While an exhaust stream runs, the driver sends
-    /// nothing: a message from it, its close, or shutdown end the stream.
+    /// ⑥ The next reply. While an exhaust stream runs, the driver's close
+    /// or shutdown end the stream; a request it sends is kept for after it.
     async fn next_reply(&mut self, exhaust: bool) -> Result<Option<Frame>, ProxyError> {
-        let reply = if exhaust {
+        let reply = if exhaust && self.pipelined.is_none() {
             // Both futures are cancellation safe (buffered in their codecs).
+            // The driver's side is watched so that a driver that leaves
+            // mid-stream ends it; a request it sends meanwhile waits for
+            // the stream's end.
             tokio::select! {
                 biased;
                 _ = self.shutdown.triggered() => return Ok(None),
-                from_driver = self.downstream.next() => return match from_driver {
-                    None => Ok(None),
-                    Some(Err(e)) => Err(downstream_error(e)),
-                    Some(Ok(_)) => Err(ProxyError::Malformed {
-                        side: Side::Downstream,
-                        source: wire::WireError::Truncated("exhaust stream: the driver sent a request before the last reply"),
-                    }),
+                from_driver = self.downstream.next() => match from_driver {
+                    None => return Ok(None),
+                    Some(Err(e)) => return Err(downstream_error(e)),
+                    Some(Ok(request)) => {
+                        self.ctx
+                            .metrics
+                            .bytes(MetricLeg::Client, Way::In, request.header.length as usize);
+                        self.pipelined = Some(request);
+                        self.upstream.next_reply().await?
+                    }
                 },
                 reply = self.upstream.next_reply() => reply?,
             }

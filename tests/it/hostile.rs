@@ -363,3 +363,30 @@ async fn decompression_bombs_leave_other_clients_answered() {
     );
     assert!(!latencies.is_empty());
 }
+
+#[tokio::test]
+async fn a_request_pipelined_after_an_exhaust_allowed_write_is_served_after_it() {
+    use laconic::wire::MsgFlags;
+    let proxy = common::proxy().await;
+    let db = db_name("exhaustpipe", "app");
+    let mut s = common::raw_session(&proxy).await;
+    // Both sent before either reply is read.
+    let write = op_msg(
+        10,
+        MsgFlags::EXHAUST_ALLOWED,
+        doc! {"insert": "c", "documents": [{"_id": 1}], "$db": &db},
+    );
+    let ping = op_msg(11, 0, doc! {"ping": 1, "$db": "admin"});
+    let mut both = write.to_bytes().to_vec();
+    both.extend_from_slice(&ping.to_bytes());
+    s.write_all(&both).await.unwrap();
+    for expected in [10, 11] {
+        let f = tokio::time::timeout(Duration::from_secs(20), read_frame(&mut s))
+            .await
+            .unwrap()
+            .expect("a reply");
+        assert_eq!(f.header.response_to, expected);
+        assert_eq!(body(&f).get_f64("ok").unwrap(), 1.0, "{:?}", body(&f));
+    }
+    assert_eq!(common::stored(&db, "c").await, vec![doc! {"_id": 1}]);
+}
