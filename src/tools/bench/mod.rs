@@ -196,9 +196,12 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     let mut clients = Vec::new();
     for (name, uri) in &targets {
         let client = Client::with_uri_str(uri).await?;
+        // A database per target: documents written directly must not sit
+        // beside tokenized ones (a proxy refuses a database whose documents
+        // have no dictionary).
         let coll = client
-            .database("laconic_bench")
-            .collection::<Document>(&format!("c_{name}"));
+            .database(&format!("laconic_bench_{}", name.replace('-', "_")))
+            .collection::<Document>("c");
         coll.drop().await?;
         let docs: Vec<Document> = (0..PRELOADED).map(|i| sample(i as i64)).collect();
         coll.insert_many(docs).await?;
