@@ -390,3 +390,70 @@ async fn a_request_pipelined_after_an_exhaust_allowed_write_is_served_after_it()
     }
     assert_eq!(common::stored(&db, "c").await, vec![doc! {"_id": 1}]);
 }
+
+/// The upstream stops under a bounded write load and comes back on the same
+/// port and storage: every client gets a prompt error while it is gone, the
+/// proxy serves again once it is back, and every acknowledged write is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_going_away_under_load_loses_no_acknowledged_write() {
+    let storage = common::temp_dir("restarting-upstream");
+    let first = common::launch(&["--storage", storage.to_str().unwrap()]);
+    let port = first.port().to_string();
+    let mut config = common::proxy_config(&first.uri);
+    config.tokenize.min_len = 4;
+    config.connect_timeout_ms = 2_000;
+    let proxy = common::start(config).await;
+    let client = mongodb::Client::with_uri_str(format!(
+        "mongodb://{}/?retryWrites=false&serverSelectionTimeoutMS=2000&connectTimeoutMS=2000",
+        proxy.addr
+    ))
+    .await
+    .unwrap();
+    let c = client
+        .database(&db_name("upstreamgone", "app"))
+        .collection::<Document>("c");
+    let writer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let (mut acknowledged, mut failed, mut slowest) = (Vec::new(), 0, Duration::ZERO);
+            for i in 0..400 {
+                let t = std::time::Instant::now();
+                match c.insert_one(doc! {"_id": i, "payload_field": i}).await {
+                    Ok(_) => acknowledged.push(i),
+                    Err(_) => failed += 1,
+                }
+                slowest = slowest.max(t.elapsed());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (acknowledged, failed, slowest)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    first.stop();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _second = common::launch(&["--storage", storage.to_str().unwrap(), "--port", &port]);
+    let (acknowledged, failed, slowest) = writer.await.unwrap();
+    eprintln!(
+        "upstream restart under load: {} writes acknowledged, {failed} refused while it was gone, slowest answer {slowest:?}",
+        acknowledged.len()
+    );
+    assert!(failed > 0, "the upstream was never seen gone");
+    assert!(
+        slowest < Duration::from_secs(10),
+        "a client waited {slowest:?}"
+    );
+    // Served again, and every acknowledged write is there, read back by name.
+    let stored: Vec<i32> = common::by_id(&c, doc! {})
+        .await
+        .iter()
+        .map(|d| d.get_i32("payload_field").unwrap())
+        .collect();
+    for i in &acknowledged {
+        assert!(stored.contains(i), "acknowledged write {i} is missing");
+    }
+    assert!(
+        acknowledged.len() > 100,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+}
