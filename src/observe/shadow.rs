@@ -23,8 +23,6 @@ pub struct Shadow {
 
 /// Reads that are compared: their answers are the same whoever stores the
 /// documents.
-const READS: &[&str] = &["find", "aggregate", "count", "distinct"];
-
 /// Fields the driver adds to a command for its own session and topology.
 const SESSION_FIELDS: &[&str] = &[
     "lsid",
@@ -55,7 +53,8 @@ impl Shadow {
     pub fn wants(&self, command: &str, body: &RawDocument) -> bool {
         // Reads inside a transaction are not repeated outside it.
         let in_transaction = body.get("txnNumber").ok().flatten().is_some();
-        if !READS.contains(&command) || in_transaction {
+        let read = crate::rewrite::catalogue::lookup(command).is_some_and(|e| e.read);
+        if !read || in_transaction {
             return false;
         }
         if command == "aggregate" {
