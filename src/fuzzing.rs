@@ -157,6 +157,22 @@ mod tests {
             })
     }
 
+    /// What the fuzz campaigns found, kept: each input once crashed a target.
+    #[test]
+    fn inputs_the_fuzzers_found_hold_every_property() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let data = std::fs::read(entry.unwrap().path()).unwrap();
+            walker(&data);
+            roundtrip(&data);
+            request(&data);
+            reply(&data);
+            n += 1;
+        }
+        assert!(n >= 3);
+    }
+
     #[test]
     fn the_seeds_hold_every_property() {
         for s in seeds() {

@@ -159,10 +159,12 @@ fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
                 string_of(e.value)?;
             }
             0x0F => {
-                // Code with scope: a string, then a document.
-                let code = 4 + le_i32(&e.value[4..])?;
-                string_of(e.value.get(4..4 + code).unwrap_or_default())?;
-                validate_at(e.value.get(4 + code..).unwrap_or_default(), descend(depth)?)?;
+                // Code with scope: its total length, a string, then a
+                // document; any of them may lie.
+                let rest = e.value.get(4..).unwrap_or_default();
+                let code = 4 + le_i32(rest)?;
+                string_of(rest.get(..code).unwrap_or_default())?;
+                validate_at(rest.get(code..).unwrap_or_default(), descend(depth)?)?;
             }
             _ => {}
         }
