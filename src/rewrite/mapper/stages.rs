@@ -376,11 +376,7 @@ impl Mapper<'_> {
     }
 
     pub(super) fn lookup(&self, l: &Document) -> Result<Document, ProxyError> {
-        let foreign = match l.get("from") {
-            Some(Bson::String(c)) => self.for_collection(c),
-            Some(Bson::Document(ns)) => self.foreign_namespace("$lookup", ns)?,
-            _ => self.clone_for_documents(),
-        };
+        let foreign = self.from("$lookup", l)?;
         let out = each_field(l, |k, v| {
             Ok(match (k, v) {
                 ("localField", Bson::String(p)) => Bson::String(self.path(p, &[])),
@@ -392,6 +388,16 @@ impl Mapper<'_> {
             })
         })?;
         Ok(out)
+    }
+
+    /// The collection a `$lookup` or `$graphLookup` reads (`from`): one of
+    /// this database, or `{db, coll}` of another.
+    fn from<'s>(&'s self, stage: &str, spec: &'s Document) -> Result<Mapper<'s>, ProxyError> {
+        Ok(match spec.get("from") {
+            Some(Bson::String(c)) => self.for_collection(c),
+            Some(Bson::Document(ns)) => self.foreign_namespace(stage, ns)?,
+            _ => self.clone_for_documents(),
+        })
     }
 
     /// `let` variables: their names stay, their values are expressions.
@@ -407,11 +413,7 @@ impl Mapper<'_> {
     }
 
     pub(super) fn graph_lookup(&self, g: &Document) -> Result<Document, ProxyError> {
-        let foreign = match g.get("from") {
-            Some(Bson::String(c)) => self.for_collection(c),
-            Some(Bson::Document(ns)) => self.foreign_namespace("$graphLookup", ns)?,
-            _ => self.clone_for_documents(),
-        };
+        let foreign = self.from("$graphLookup", g)?;
         let out = each_field(g, |k, v| {
             Ok(match (k, v) {
                 ("startWith", e) => self.expr_as(e, &[], &Vars::default(), Use::Moved)?,
