@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Fuzz campaigns, one target after another (not run in CI):
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET…]
+#   scripts/fuzz.sh --runs N [TARGET…]      (N executions per target)
 # Targets: decode_roundtrip (the codec), walker, roundtrip (tokenize then
 # expand), request (every catalogue command), reply (expansion). Corpora
 # are seeded from the BSON fixtures; findings land in fuzz/artifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${1:-600}
+limit="-max_total_time=${1:-600}"
+if [ "${1:-}" = "--runs" ]; then limit="-runs=$2"; shift; fi
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(decode_roundtrip walker roundtrip request reply)
@@ -42,8 +44,8 @@ PY
 
 for t in "${targets[@]}"; do
   mkdir -p "fuzz/corpus/$t"
-  echo "== $t: $secs s"
+  echo "== $t: $limit"
   (cd fuzz && RUSTC_BOOTSTRAP=1 cargo $toolchain fuzz run "$t" "corpus/$t" -- \
-      -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 2>&1) \
+      "$limit" -rss_limit_mb=2048 -print_final_stats=1 2>&1) \
     | tee "/tmp/laconic-fuzz-$t.log" | grep -E "^Done|stat::number_of_executed_units|SUMMARY|crash-" || true
 done

@@ -1,11 +1,17 @@
-//! `laconic bench proxy`: one workload, three ways, in one run.
+//! `laconic bench proxy`: one workload, several ways, in one run.
 //!
-//! The same driver workload runs directly against the upstream, through
-//! Laconic, and through a plain TCP relay (haproxy in TCP mode, when it is
-//! installed): the relay is the floor for any user-space proxy. Each case
-//! runs for a fixed time with 1 and with 16 concurrent clients, and reports
-//! ops/s, p50 and p99 latency, and the ratios to the direct baseline.
+//! The same driver workload runs directly against the upstream, through a
+//! plain TCP relay (haproxy in TCP mode, when it is installed: the floor for
+//! any user-space proxy), through a pass-through Laconic and through a
+//! tokenizing one. Each proxy is a process of its own, so its CPU time per
+//! operation can be read from `/proc`: on a shared machine that is steadier
+//! than throughput. Each case runs for a fixed time with 1 and with 16
+//! concurrent clients, and reports ops/s, p50 and p99 latency, CPU per
+//! operation, and the ratios to the direct baseline. `--bulk` adds the two
+//! big batches: a 100,000-document `insert_many` and a client `bulkWrite`
+//! of 100,001 inserts.
 
+mod process;
 mod relay;
 pub mod rewrite;
 pub mod store;
@@ -17,9 +23,8 @@ use bson::{doc, oid::ObjectId, Document};
 use futures::TryStreamExt;
 use mongodb::{Client, Collection};
 
-use crate::config::ProxyConfig;
-use crate::downstream::Proxy;
 use crate::upstream::UpstreamAddr;
+use process::{cpu_time, Laconic};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -39,17 +44,18 @@ pub struct BenchArgs {
     /// Skip the haproxy relay even if it is installed.
     #[arg(long)]
     pub no_relay: bool,
-    /// Run Laconic with tokenization on: names of at least N bytes become
-    /// tokens (the workload's names are 4–5 bytes long).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// The tokenizing Laconic (target "tokenizing") turns names of at least
+    /// N bytes into tokens; 1, the default, tokenizes every name but `_id`.
+    /// 0 leaves that target out.
+    #[arg(long, value_name = "N", default_value_t = 1)]
     pub tokenize_min_len: usize,
-    /// Also run a second Laconic with metrics collection off (target
+    /// Also run a tokenizing Laconic with metrics collection off (target
     /// "no-metrics"), and report metrics on/off as a ratio.
     #[arg(long)]
     pub metrics_off: bool,
-    /// Also run a Laconic that requires TLS from drivers (target "tls"),
-    /// with this certificate chain (PEM; --tls-key and --tls-ca too), and
-    /// report its cost against the plain one.
+    /// Also run a tokenizing Laconic that requires TLS from drivers (target
+    /// "tls"), with this certificate chain (PEM; --tls-key and --tls-ca too),
+    /// and report its cost against the plain one.
     #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
     pub tls_cert: Option<std::path::PathBuf>,
     #[arg(long, value_name = "FILE")]
@@ -57,6 +63,14 @@ pub struct BenchArgs {
     /// The CA that signed --tls-cert, for the benchmark's driver.
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<std::path::PathBuf>,
+    /// Also time the big batches on every target: insert_many of 100,000
+    /// documents and a client bulkWrite of 100,001 inserts.
+    #[arg(long)]
+    pub bulk: bool,
+    /// Run only the per-operation cases whose name contains one of these
+    /// (e.g. "insert_one,find_one"); all by default.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
 
 /// One measured case.
@@ -66,6 +80,8 @@ pub struct Measurement {
     pub elapsed: Duration,
     pub p50: Duration,
     pub p99: Duration,
+    /// The proxy process's CPU time over the case (none for "direct").
+    pub cpu: Option<Duration>,
 }
 
 /// The latencies of one timed run.
@@ -73,11 +89,13 @@ pub struct Measurement {
 struct Sample {
     latencies: Vec<Duration>,
     elapsed: Duration,
+    cpu: Option<Duration>,
 }
 
 impl Measurement {
     fn from_samples(samples: Vec<Sample>) -> Measurement {
         let elapsed = samples.iter().map(|s| s.elapsed).sum();
+        let cpu = samples.iter().map(|s| s.cpu).sum();
         let mut all: Vec<Duration> = samples.into_iter().flat_map(|s| s.latencies).collect();
         all.sort();
         let pct = |p: f64| {
@@ -90,11 +108,18 @@ impl Measurement {
             elapsed,
             p50: pct(0.50),
             p99: pct(0.99),
+            cpu,
         }
     }
 
     pub fn ops_per_sec(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The proxy's CPU time per operation, in µs.
+    pub fn cpu_per_op(&self) -> Option<f64> {
+        self.cpu
+            .map(|c| c.as_secs_f64() * 1e6 / self.ops.max(1) as f64)
     }
 }
 
@@ -102,14 +127,16 @@ impl Measurement {
 enum Op {
     InsertOne,
     FindOneById,
+    UpdateOne,
     InsertMany,
     CursorRead,
 }
 
 impl Op {
-    const ALL: [Op; 4] = [
+    const ALL: [Op; 5] = [
         Op::InsertOne,
         Op::FindOneById,
+        Op::UpdateOne,
         Op::InsertMany,
         Op::CursorRead,
     ];
@@ -117,6 +144,7 @@ impl Op {
         match self {
             Op::InsertOne => "insert_one",
             Op::FindOneById => "find_one by _id",
+            Op::UpdateOne => "update_one $inc by _id",
             Op::InsertMany => "insert_many (100 docs)",
             Op::CursorRead => "cursor read (1000 docs)",
         }
@@ -125,42 +153,59 @@ impl Op {
 
 const PRELOADED: usize = 1000;
 
+/// One way of reaching the upstream: its driver, its collection, and the
+/// process whose CPU time is its cost (none for the direct connection).
+struct Target {
+    name: &'static str,
+    client: Client,
+    coll: Collection<Document>,
+    pid: Option<u32>,
+}
+
+impl Target {
+    fn cpu(&self) -> Option<Duration> {
+        self.pid.and_then(cpu_time)
+    }
+}
+
 /// One operation at one concurrency, measured on each target.
-type Case<'a> = (Op, usize, Vec<(&'a str, Measurement)>);
+type Case = (Op, usize, Vec<(&'static str, Measurement)>);
 
 pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     let addr = UpstreamAddr::parse(&args.upstream).map_err(crate::tools::Error::from)?;
     let upstream_host = addr.hosts[0].clone();
-    let mut config = ProxyConfig {
-        listen: "127.0.0.1:0".into(),
-        upstream: args.upstream.clone(),
-        ..ProxyConfig::default()
+    let tokenizing = |extra: &str| {
+        format!(
+            "[proxy]\n{extra}\n[proxy.tokenize]\nmin_len = {}\nstore_db = \"laconic_bench_store\"\n",
+            args.tokenize_min_len
+        )
     };
-    config.tokenize.min_len = args.tokenize_min_len;
-    config.tokenize.store_db = "laconic_bench_store".into();
+    let pass_through = Laconic::start(&args.upstream, "[proxy]\n")?;
+    let tokenizer = if args.tokenize_min_len > 0 {
+        Some(Laconic::start(&args.upstream, &tokenizing(""))?)
+    } else {
+        None
+    };
     let quiet = if args.metrics_off {
-        let config = ProxyConfig {
-            metrics: false,
-            ..config.clone()
-        };
-        Some(Proxy::start(config).await?)
+        Some(Laconic::start(
+            &args.upstream,
+            &tokenizing("metrics = false"),
+        )?)
     } else {
         None
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => {
-            let mut c = config.clone();
-            c.tls = crate::config::TlsConfig {
-                mode: crate::config::TlsMode::Required,
-                cert_file: Some(cert.clone()),
-                key_file: Some(key.clone()),
-                client_ca_file: None,
-            };
-            Some(Proxy::start(c).await?)
-        }
+        (Some(cert), Some(key)) => Some(Laconic::start(
+            &args.upstream,
+            &format!(
+                "{}[proxy.tls]\nmode = \"required\"\ncert_file = {:?}\nkey_file = {:?}\n",
+                tokenizing(""),
+                cert.display().to_string(),
+                key.display().to_string()
+            ),
+        )?),
         _ => None,
     };
-    let proxy = Proxy::start(config).await?;
     let relay = if args.no_relay {
         None
     } else {
@@ -176,26 +221,29 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     let uri = |host: &str| {
         format!("mongodb://{host}/?directConnection=true&retryWrites=false&maxPoolSize=64")
     };
-    let mut targets = vec![
-        ("direct", uri(&upstream_host)),
-        ("laconic", uri(&proxy.addr.to_string())),
-    ];
-    if let Some(q) = &quiet {
-        targets.push(("no-metrics", uri(&q.addr.to_string())));
-    }
+    let mut targets: Vec<(&'static str, String, Option<u32>)> =
+        vec![("direct", uri(&upstream_host), None)];
     if let Some(r) = &relay {
-        targets.push(("relay", uri(&r.addr)));
+        targets.push(("relay", uri(&r.addr), r.pid()));
+    }
+    targets.push(("laconic", uri(&pass_through.addr), Some(pass_through.pid())));
+    if let Some(t) = &tokenizer {
+        targets.push(("tokenizing", uri(&t.addr), Some(t.pid())));
+    }
+    if let Some(q) = &quiet {
+        targets.push(("no-metrics", uri(&q.addr), Some(q.pid())));
     }
     if let (Some(t), Some(ca)) = (&tls, &args.tls_ca) {
         let ca = ca.display();
         targets.push((
             "tls",
-            format!("{}&tls=true&tlsCAFile={ca}", uri(&t.addr.to_string())),
+            format!("{}&tls=true&tlsCAFile={ca}", uri(&t.addr)),
+            Some(t.pid()),
         ));
     }
-    let mut clients = Vec::new();
-    for (name, uri) in &targets {
-        let client = Client::with_uri_str(uri).await?;
+    let mut prepared = Vec::new();
+    for (name, uri, pid) in targets {
+        let client = Client::with_uri_str(&uri).await?;
         // A database per target: documents written directly must not sit
         // beside tokenized ones (a proxy refuses a database whose documents
         // have no dictionary).
@@ -205,120 +253,210 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
         coll.drop().await?;
         let docs: Vec<Document> = (0..PRELOADED).map(|i| sample(i as i64)).collect();
         coll.insert_many(docs).await?;
-        clients.push((*name, client, coll));
+        prepared.push(Target {
+            name,
+            client,
+            coll,
+            pid,
+        });
     }
 
     println!(
-        "workload: {:.1} s per case and target in {} rounds; upstream {upstream_host}; proxy {}{}",
+        "workload: {:.1} s per case and target in {} rounds; upstream {upstream_host}; {}",
         args.seconds,
         args.rounds,
-        proxy.addr,
         if args.tokenize_min_len > 0 {
-            format!(" (tokenizing names of {}+ bytes)", args.tokenize_min_len)
+            format!(
+                "\"tokenizing\" turns names of {}+ bytes into tokens",
+                args.tokenize_min_len
+            )
         } else {
-            String::new()
+            "no tokenizing target".into()
         }
     );
-    let summary = run_cases(&args, &clients).await?;
+    let summary = run_cases(&args, &prepared).await?;
     print_summary(&summary);
-    for (_, client, coll) in clients {
-        coll.drop().await?;
-        client.shutdown().await;
+    if args.bulk {
+        run_bulk(&prepared).await?;
     }
-    proxy.shutdown.trigger();
-    for p in quiet.iter().chain(&tls) {
-        p.shutdown.trigger();
+    for t in prepared {
+        t.coll.drop().await?;
+        t.client.shutdown().await;
     }
     Ok(())
 }
 
 /// Every case, the targets taking turns in rotating rounds.
-async fn run_cases<'a>(
-    args: &BenchArgs,
-    clients: &[(&'a str, Client, Collection<Document>)],
-) -> crate::tools::Result<Vec<Case<'a>>> {
+async fn run_cases(args: &BenchArgs, targets: &[Target]) -> crate::tools::Result<Vec<Case>> {
     println!(
-        "{:<26} {:>3} {:<10} {:>10} {:>9} {:>9}",
-        "operation", "c", "target", "ops/s", "p50 µs", "p99 µs"
+        "{:<26} {:>3} {:<10} {:>10} {:>9} {:>9} {:>11}",
+        "operation", "c", "target", "ops/s", "p50 µs", "p99 µs", "CPU µs/op"
     );
     let mut summary = Vec::new();
+    let ops = Op::ALL.into_iter().filter(|op| {
+        args.only.is_empty() || args.only.iter().any(|o| op.name().contains(o.as_str()))
+    });
+    let ops: Vec<Op> = ops.collect();
     for &c in &args.clients {
-        for op in Op::ALL {
+        for &op in &ops {
             let rounds = args.rounds.max(1);
             let slice = Duration::from_secs_f64(args.seconds / rounds as f64);
-            let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); clients.len()];
+            let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
             for round in 0..rounds {
-                for k in 0..clients.len() {
-                    let t = (k + round) % clients.len();
-                    samples[t].push(measure(clients[t].2.clone(), op, c, slice).await?);
+                for k in 0..targets.len() {
+                    let t = (k + round) % targets.len();
+                    samples[t].push(measure(&targets[t], op, c, slice).await?);
                 }
             }
             let mut results = Vec::new();
-            for ((name, _, _), s) in clients.iter().zip(samples) {
+            for (target, s) in targets.iter().zip(samples) {
                 let m = Measurement::from_samples(s);
                 println!(
-                    "{:<26} {:>3} {:<10} {:>10.0} {:>9} {:>9}",
+                    "{:<26} {:>3} {:<10} {:>10.0} {:>9} {:>9} {:>11}",
                     op.name(),
                     c,
-                    name,
+                    target.name,
                     m.ops_per_sec(),
                     m.p50.as_micros(),
-                    m.p99.as_micros()
+                    m.p99.as_micros(),
+                    m.cpu_per_op().map_or("-".into(), |c| format!("{c:.1}"))
                 );
-                results.push((*name, m));
+                results.push((target.name, m));
             }
             summary.push((op, c, results));
         }
     }
-
     Ok(summary)
 }
 
 /// The ratios of each case, from one run.
-fn print_summary(summary: &[Case<'_>]) {
+fn print_summary(summary: &[Case]) {
     println!();
+    println!("ops/s against direct, and the proxies' CPU µs per operation:");
     println!(
-        "{:<26} {:>3} {:>18} {:>18} {:>22} {:>18} {:>24}",
+        "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>14} {:>18}",
         "operation",
         "c",
-        "laconic/direct",
-        "relay/direct",
-        "added p50 vs relay's",
+        "relay",
+        "laconic",
+        "tokenizing",
+        "CPU relay",
+        "laconic",
+        "tokenizing",
+        "tok CPU/relay",
         "metrics on/off",
-        "tls/plain (added p50)"
+        "tls/plain (p50)"
     );
     for (op, c, results) in summary {
         let get = |n: &str| results.iter().find(|(name, _)| *name == n).map(|(_, m)| m);
-        let (Some(d), Some(l)) = (get("direct"), get("laconic")) else {
+        let Some(d) = get("direct") else {
             continue;
         };
-        let relay = get("relay");
-        let added = |m: &Measurement| m.p50.as_secs_f64() - d.p50.as_secs_f64();
-        let ratio = |m: Option<&Measurement>, base: &Measurement| {
-            m.map_or("-".into(), |m| {
-                format!("{:.3}x", m.ops_per_sec() / base.ops_per_sec())
-            })
+        let ratio = |m: Option<&Measurement>, base: Option<&Measurement>| match (m, base) {
+            (Some(m), Some(b)) => format!("{:.3}x", m.ops_per_sec() / b.ops_per_sec()),
+            _ => "-".into(),
+        };
+        let cpu = |n: &str| {
+            get(n)
+                .and_then(Measurement::cpu_per_op)
+                .map_or("-".into(), |c| format!("{c:.1}"))
+        };
+        let tok_vs_relay = match (
+            get("tokenizing").and_then(Measurement::cpu_per_op),
+            get("relay").and_then(Measurement::cpu_per_op),
+        ) {
+            (Some(t), Some(r)) if r > 0.0 => format!("{:.2}x", t / r),
+            _ => "-".into(),
         };
         let tls = get("tls").map_or("-".into(), |t| {
+            let plain = get("tokenizing");
             format!(
                 "{} ({:+.0} µs)",
-                ratio(Some(t), l),
-                (t.p50.as_secs_f64() - l.p50.as_secs_f64()) * 1e6
+                ratio(Some(t), plain),
+                plain.map_or(0.0, |p| (t.p50.as_secs_f64() - p.p50.as_secs_f64()) * 1e6)
             )
         });
         println!(
-            "{:<26} {:>3} {:>17.3}x {:>18} {:>22} {:>18} {:>24}",
+            "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>14} {:>18}",
             op.name(),
             c,
-            l.ops_per_sec() / d.ops_per_sec(),
-            ratio(relay, d),
-            relay.map_or("-".into(), |r| {
-                format!("{:+.0} µs vs {:+.0} µs", added(l) * 1e6, added(r) * 1e6)
-            }),
-            get("no-metrics").map_or("-".into(), |q| ratio(Some(l), q)),
+            ratio(get("relay"), Some(d)),
+            ratio(get("laconic"), Some(d)),
+            ratio(get("tokenizing"), Some(d)),
+            cpu("relay"),
+            cpu("laconic"),
+            cpu("tokenizing"),
+            tok_vs_relay,
+            ratio(get("tokenizing"), get("no-metrics")),
             tls,
         );
     }
+}
+
+/// The two big batches, once per target: wall time and the proxy's CPU.
+async fn run_bulk(targets: &[Target]) -> crate::tools::Result<()> {
+    const MANY: usize = 100_000;
+    const BULK: usize = 100_001;
+    println!();
+    println!(
+        "{:<10} {:>16} {:>8} {:>9} {:>20} {:>8} {:>9}",
+        "target",
+        format!("insert_many {}k", MANY / 1000),
+        "/direct",
+        "CPU s",
+        format!("bulkWrite {BULK}"),
+        "/direct",
+        "CPU s"
+    );
+    let mut direct: Option<(Duration, Duration)> = None;
+    for t in targets {
+        let coll = t
+            .client
+            .database(t.coll.namespace().db.as_str())
+            .collection::<Document>("bulk");
+        coll.drop().await?;
+        let cpu0 = t.cpu();
+        let start = Instant::now();
+        coll.insert_many((0..MANY as i64).map(|i| doc! {"n": i, "name": "x"}))
+            .await?;
+        let many = start.elapsed();
+        let cpu1 = t.cpu();
+        coll.drop().await?;
+        let models = (0..BULK as i64)
+            .map(|i| coll.insert_one_model(doc! {"n": i, "name": "x"}))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cpu2 = t.cpu();
+        let start = Instant::now();
+        let result = t.client.bulk_write(models).await?;
+        let bulk = start.elapsed();
+        let cpu3 = t.cpu();
+        crate::tools::ensure!(
+            result.inserted_count == BULK as i64,
+            "bulkWrite inserted {}",
+            result.inserted_count
+        );
+        crate::tools::ensure!(
+            coll.count_documents(doc! {}).await? == BULK as u64,
+            "bulkWrite left a different count"
+        );
+        coll.drop().await?;
+        let base = *direct.get_or_insert((many, bulk));
+        let secs = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.2}", (b - a).as_secs_f64()),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<10} {:>15.2}s {:>7.3}x {:>9} {:>19.2}s {:>7.3}x {:>9}",
+            t.name,
+            many.as_secs_f64(),
+            many.as_secs_f64() / base.0.as_secs_f64(),
+            secs(cpu0, cpu1),
+            bulk.as_secs_f64(),
+            bulk.as_secs_f64() / base.1.as_secs_f64(),
+            secs(cpu2, cpu3),
+        );
+    }
+    Ok(())
 }
 
 fn sample(i: i64) -> Document {
@@ -326,14 +464,15 @@ fn sample(i: i64) -> Document {
 }
 
 async fn measure(
-    coll: Collection<Document>,
+    target: &Target,
     op: Op,
     clients: usize,
     length: Duration,
 ) -> crate::tools::Result<Sample> {
+    let cpu_before = target.cpu();
     let start = Instant::now();
     let deadline = start + length;
-    let coll = Arc::new(coll);
+    let coll = Arc::new(target.coll.clone());
     let mut tasks = Vec::new();
     for t in 0..clients {
         let coll = coll.clone();
@@ -355,6 +494,13 @@ async fn measure(
                             coll.find_one(doc! {"_id": id}).await?.is_some(),
                             "document {id} missing"
                         );
+                    }
+                    Op::UpdateOne => {
+                        let id = i % PRELOADED as i64;
+                        let r = coll
+                            .update_one(doc! {"_id": id}, doc! {"$inc": {"score": 1}})
+                            .await?;
+                        crate::tools::ensure!(r.matched_count == 1, "document {id} missing");
                     }
                     Op::InsertMany => {
                         let docs =
@@ -384,8 +530,14 @@ async fn measure(
     for t in tasks {
         latencies.extend(t.await??);
     }
+    let elapsed = start.elapsed();
+    let cpu = match (cpu_before, target.cpu()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
     Ok(Sample {
         latencies,
-        elapsed: start.elapsed(),
+        elapsed,
+        cpu,
     })
 }

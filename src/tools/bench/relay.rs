@@ -7,11 +7,15 @@ use tokio::process::{Child, Command};
 
 pub struct Haproxy {
     pub addr: String,
-    _child: Child,
+    child: Child,
     _dir: TempDir,
 }
 
 impl Haproxy {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     pub async fn start(upstream: &str) -> crate::tools::Result<Haproxy> {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -43,7 +47,7 @@ impl Haproxy {
             if tokio::net::TcpStream::connect(&addr).await.is_ok() {
                 return Ok(Haproxy {
                     addr,
-                    _child: child,
+                    child,
                     _dir: dir,
                 });
             }

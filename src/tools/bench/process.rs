@@ -1,0 +1,129 @@
+//! The measured proxies run as processes of their own, so that their CPU
+//! time (user + system, from `/proc`) is theirs alone and not the
+//! benchmark driver's.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A `laconic serve` started for the duration of a benchmark.
+pub struct Laconic {
+    pub addr: String,
+    child: Child,
+    _config: TempFile,
+}
+
+impl Laconic {
+    /// Starts `laconic serve` (this same binary) with `config` (TOML) in
+    /// front of `upstream`; returns once it listens.
+    pub fn start(upstream: &str, config: &str) -> crate::tools::Result<Laconic> {
+        let file = TempFile::new("toml", config)?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .arg("--config")
+            .arg(&file.0)
+            .env("LACONIC_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            BufReader::new(out).read_line(&mut line)?;
+        }
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            crate::tools::bail!("laconic serve did not start: {line:?}");
+        };
+        Ok(Laconic {
+            addr: addr.to_owned(),
+            child,
+            _config: file,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Laconic {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// User + system CPU time a process has used so far, all its threads
+/// included (fields 14 and 15 of `/proc/PID/stat`).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_cpu_ticks(&stat).map(|ticks| Duration::from_secs_f64(ticks as f64 / clock_ticks()))
+}
+
+/// utime + stime, in clock ticks, from the text of `/proc/PID/stat`. The
+/// command name (field 2) may hold spaces and parentheses, so fields are
+/// counted from the last `)`.
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11); // field 3 is the first here
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// A file removed when dropped.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(ext: &str, text: &str) -> std::io::Result<TempFile> {
+        let path = std::env::temp_dir().join(format!(
+            "laconic-bench-{}-{}.{ext}",
+            std::process::id(),
+            crate::random::u64()
+        ));
+        std::fs::write(&path, text)?;
+        Ok(TempFile(path))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_fields_14_and_15_even_with_a_strange_command_name() {
+        let stat = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 37 5 0 0 20 0 9 0 1 2 3";
+        assert_eq!(parse_cpu_ticks(stat), Some(42));
+        assert_eq!(parse_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_has_used_some_cpu() {
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_time(std::process::id()).is_some_and(|t| t > Duration::ZERO));
+    }
+}
