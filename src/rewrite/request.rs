@@ -4,6 +4,7 @@
 use bson::RawBsonRef;
 
 use super::catalogue::{self, Replies};
+use super::mapper::splice::GiveUp;
 use super::names::{Misses, Noting};
 use super::shard_key::ReplyNeeds;
 use super::walker::{self, Malformed};
@@ -211,7 +212,55 @@ fn rewrite_tokens(
                 Err(e) => return malformed(e),
             }
         }
-        _ => {
+        (Some(t), Some(db)) if !shape.concerns && !shape.hide && spliceable(t, db, shape) => {
+            let dict = t.store.dictionary(db)?;
+            let noting = |storing| Noting {
+                inner: dict.clone(),
+                db,
+                misses: &misses,
+                storing,
+            };
+            let (read, store) = (noting(shape.streams), noting(true));
+            let policy = t.policies.get(db, shape.collection.unwrap_or_default());
+            match mapper::splice::command(m, shape.name, policy, &read, &store) {
+                Ok(msg) => msg,
+                Err(GiveUp::Malformed(e)) => return malformed(e),
+                Err(GiveUp::Uncommon) => {
+                    *misses.borrow_mut() = Misses::default();
+                    owned(m, settings, &mut rules, shape, dbs, &misses, one)?
+                }
+            }
+        }
+        _ => owned(m, settings, &mut rules, shape, dbs, &misses, one)?,
+    };
+    Ok(Rewritten {
+        frame: Some(frame.clone().with_message(Message::Msg(msg))),
+        plan: ReplyPlan::Rewrite(rules),
+        misses: misses.into_inner(),
+    })
+}
+
+/// Whether a command may take the raw splice: one tokenized collection not
+/// being migrated (its filters then match both forms).
+fn spliceable(t: &crate::token::Tokens, db: &str, shape: &Shape<'_>) -> bool {
+    let coll = shape.collection.unwrap_or_default();
+    t.policies.migration(db, coll).is_none()
+}
+
+/// The owned rewrite: the command parsed into documents, each slot
+/// rewritten by the mapper, and serialized again.
+fn owned(
+    m: &OpMsg,
+    settings: &Settings,
+    rules: &mut ReplyRules,
+    shape: &Shape<'_>,
+    dbs: &[&str],
+    misses: &std::cell::RefCell<Misses>,
+    one: Option<&str>,
+) -> Result<OpMsg, ProxyError> {
+    let tokens = settings.tokens.as_ref();
+    {
+        {
             let mut cmd = Command::from_msg(m)?;
             if shape.concerns {
                 rules.shard = settings.shard_keys.request(&mut cmd)?;
@@ -227,7 +276,7 @@ fn rewrite_tokens(
                     let noting = |storing| Noting {
                         inner: dict.clone(),
                         db,
-                        misses: &misses,
+                        misses,
                         storing,
                     };
                     noted.push((db, noting(shape.streams), noting(true)));
@@ -244,14 +293,9 @@ fn rewrite_tokens(
                     mapper::command(&mut cmd, db, &t.policies, l)?;
                 }
             }
-            cmd.into_msg(m)?
+            cmd.into_msg(m)
         }
-    };
-    Ok(Rewritten {
-        frame: Some(frame.clone().with_message(Message::Msg(msg))),
-        plan: ReplyPlan::Rewrite(rules),
-        misses: misses.into_inner(),
-    })
+    }
 }
 
 /// How a command's replies are read, and the database whose dictionary

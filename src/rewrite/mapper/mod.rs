@@ -18,6 +18,7 @@ mod expr;
 pub mod paths;
 mod query;
 pub mod raw;
+pub mod splice;
 mod stages;
 mod write;
 

@@ -23,6 +23,20 @@ pub fn tokenize(
     Tokenizer { policy, names }.doc(doc, false, &mut Vec::new(), out, 0)
 }
 
+/// Tokenizes a document (or an array's documents) found under the logical
+/// path `parent`, as an update's `$set` value is, at depth `depth`.
+pub fn tokenize_under<'d>(
+    doc: &'d [u8],
+    is_array: bool,
+    parent: &[&'d str],
+    policy: &Policy,
+    names: &dyn Names,
+    out: &mut Vec<u8>,
+    depth: usize,
+) -> Result<(), Malformed> {
+    Tokenizer { policy, names }.doc(doc, is_array, &mut parent.to_vec(), out, depth)
+}
+
 /// One policy and one dictionary, applied to documents.
 struct Tokenizer<'p> {
     policy: &'p Policy,

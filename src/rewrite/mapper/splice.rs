@@ -1,0 +1,718 @@
+//! The common query and update shapes, raw to raw: a command's slots (as
+//! the catalogue lists them) are rewritten straight from its bytes, and
+//! every other field (`lsid`, `$clusterTime`, `$db`, read concerns…) is
+//! copied as it came, with no owned document built.
+//!
+//! Only what is common and simple is taken: filters of paths with literal
+//! scalars, comparison, `$in`/`$nin`, `$exists`, `$type`, `$regex` and
+//! `$and`/`$or`/`$nor`; projections of flags; sorts; hints; `distinct`
+//! keys; updates with `$set`, `$inc`, `$unset` and the other field
+//! operators on dotted paths, or a replacement document. Anything else
+//! (`$expr`, `$elemMatch`, a sub-document literal in a filter, pipelines,
+//! value paths, a migrating collection…) makes the splice give up, and the
+//! owned [`super::Mapper`] rewrites the whole command: the two agree byte for
+//! byte where both apply (property-tested below).
+
+use super::paths::{logical_parts, path};
+use super::raw::tokenize_under;
+use crate::rewrite::catalogue::{self, Slot, Stores};
+use crate::rewrite::walker::{
+    as_str, begin, descend, elements, finish, header, string_of, string_value, Element, Malformed,
+};
+use crate::token::{Names, Policy};
+use crate::wire::{OpMsg, Section};
+
+/// Why a splice gave up.
+#[derive(Debug, PartialEq, Eq)]
+pub enum GiveUp {
+    /// A shape the splice does not take: the owned mapper does it.
+    Uncommon,
+    Malformed(Malformed),
+}
+
+impl From<Malformed> for GiveUp {
+    fn from(m: Malformed) -> GiveUp {
+        GiveUp::Malformed(m)
+    }
+}
+
+type Result<T> = std::result::Result<T, GiveUp>;
+
+/// The command `m` (named `name`) rewritten raw to raw under `policy`:
+/// read names through `read`, stored ones (changes, an upsert's filter)
+/// through `store`.
+pub fn command(
+    m: &OpMsg,
+    name: &str,
+    policy: &Policy,
+    read: &dyn Names,
+    store: &dyn Names,
+) -> Result<OpMsg> {
+    let entry = catalogue::lookup(name).ok_or(GiveUp::Uncommon)?;
+    if entry.refused.is_some()
+        || !matches!(entry.stores, Stores::Nothing | Stores::Data)
+        || !policy.value_paths.is_empty()
+    {
+        return Err(GiveUp::Uncommon);
+    }
+    let s = Splice {
+        policy,
+        read,
+        store,
+    };
+    let mut out = m.clone();
+    out.flags = m.flags.without_checksum();
+    for section in &mut out.sections {
+        match section {
+            Section::Body(b) => {
+                let mut body = Vec::with_capacity(b.len() + 16);
+                s.slots(entry.slots, b, &mut body, 0)?;
+                *b = bytes::Bytes::from(body);
+            }
+            Section::Sequence(seq) => {
+                let inner = match slot_for(entry.slots, seq.identifier.as_bytes()) {
+                    Some(Slot::Each(_, inner)) => inner,
+                    Some(_) => return Err(GiveUp::Uncommon),
+                    None => continue,
+                };
+                for d in &mut seq.documents {
+                    let mut rewritten = Vec::with_capacity(d.len() + 16);
+                    s.slots(inner, d, &mut rewritten, 1)?;
+                    *d = bytes::Bytes::from(rewritten);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+struct Splice<'a> {
+    policy: &'a Policy,
+    read: &'a dyn Names,
+    store: &'a dyn Names,
+}
+
+impl Splice<'_> {
+    /// A (sub-)document with `slots`: each slot's field rewritten, the rest
+    /// copied.
+    fn slots(&self, slots: &[Slot], doc: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        let depth = descend(depth)?;
+        let upsert = slots.iter().any(|s| matches!(s, Slot::Update { .. })) && is_upsert(doc)?;
+        let start = begin(out);
+        for e in elements(doc) {
+            let e = e?;
+            let slot = slot_for(slots, e.key);
+            match (slot, e.kind) {
+                (None, _) => copy(out, e),
+                (Some(Slot::Filter(_)), 0x03) => {
+                    header(out, e.kind, e.key);
+                    self.filter(e.value, self.read, out, depth)?;
+                }
+                (Some(Slot::Update { filter, .. }), 0x03) if e.key == filter.as_bytes() => {
+                    header(out, e.kind, e.key);
+                    let names = if upsert { self.store } else { self.read };
+                    self.filter(e.value, names, out, depth)?;
+                }
+                (Some(Slot::Update { .. }), 0x03) => {
+                    header(out, e.kind, e.key);
+                    self.update(e.value, out, depth)?;
+                }
+                (Some(Slot::Projection(_)), 0x03) => {
+                    header(out, e.kind, e.key);
+                    self.projection(e.value, out, depth)?;
+                }
+                (Some(Slot::Sort(_) | Slot::Hint(_)), 0x03) => {
+                    header(out, e.kind, e.key);
+                    self.paths(e.value, out, depth)?;
+                }
+                (Some(Slot::Path(_)), 0x02) => {
+                    header(out, e.kind, e.key);
+                    let p = string_of(e.value)?;
+                    string_value(out, &path(p, &[], self.policy, self.read));
+                }
+                (Some(Slot::Each(_, inner)), 0x04) => {
+                    header(out, e.kind, e.key);
+                    let array = begin(out);
+                    for item in elements(e.value) {
+                        let item = item?;
+                        if item.kind != 0x03 {
+                            copy(out, item);
+                            continue;
+                        }
+                        header(out, item.kind, item.key);
+                        self.slots(inner, item.value, out, depth)?;
+                    }
+                    finish(out, array);
+                }
+                // A hint by index name, a sort given as something else: as
+                // the owned mapper, left alone.
+                (Some(Slot::Hint(_) | Slot::Sort(_) | Slot::Projection(_)), _) => copy(out, e),
+                _ => return Err(GiveUp::Uncommon),
+            }
+        }
+        finish(out, start);
+        Ok(())
+    }
+
+    /// A query filter (at the top of a command's filter slot).
+    fn filter(&self, f: &[u8], names: &dyn Names, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        let depth = descend(depth)?;
+        let start = begin(out);
+        for e in elements(f) {
+            let e = e?;
+            let k = as_str(e.key)?;
+            match k {
+                "$and" | "$or" | "$nor" if e.kind == 0x04 => {
+                    header(out, e.kind, e.key);
+                    let array = begin(out);
+                    let inner = descend(depth)?;
+                    for sub in elements(e.value) {
+                        let sub = sub?;
+                        header(out, sub.kind, sub.key);
+                        match sub.kind {
+                            0x03 => self.filter(sub.value, names, out, inner)?,
+                            _ => out.extend_from_slice(sub.value),
+                        }
+                    }
+                    finish(out, array);
+                }
+                "$comment" => copy(out, e),
+                _ if k.starts_with('$') => return Err(GiveUp::Uncommon),
+                p => {
+                    header(out, e.kind, path(p, &[], self.policy, names).as_bytes());
+                    match e.kind {
+                        0x03 => self.condition(e.value, out, depth)?,
+                        _ => {
+                            scalar_value(e)?;
+                            out.extend_from_slice(e.value);
+                        }
+                    }
+                }
+            }
+        }
+        finish(out, start);
+        Ok(())
+    }
+
+    /// The operator document under a path in a filter, when its operands
+    /// hold no names.
+    fn condition(&self, c: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        descend(depth)?;
+        let start = begin(out);
+        let mut first = true;
+        for e in elements(c) {
+            let e = e?;
+            // A document whose first key is not an operator is a literal
+            // sub-document: its keys are stored names.
+            if first && e.key.first() != Some(&b'$') {
+                return Err(GiveUp::Uncommon);
+            }
+            first = false;
+            match e.key {
+                b"$eq" | b"$ne" | b"$gt" | b"$gte" | b"$lt" | b"$lte" | b"$in" | b"$nin"
+                | b"$all" => {
+                    header(out, e.kind, e.key);
+                    scalar_value(e)?;
+                    out.extend_from_slice(e.value);
+                }
+                b"$exists" | b"$type" | b"$size" | b"$mod" | b"$regex" | b"$options" => {
+                    copy(out, e)
+                }
+                _ => return Err(GiveUp::Uncommon),
+            }
+        }
+        finish(out, start);
+        Ok(())
+    }
+
+    /// A find projection of flags (`{a: 1, "b.c": 0}`).
+    fn projection(&self, p: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        descend(depth)?;
+        let start = begin(out);
+        for e in elements(p) {
+            let e = e?;
+            let k = as_str(e.key)?;
+            if k.starts_with('$') {
+                copy(out, e);
+                continue;
+            }
+            if !is_flag(e) {
+                return Err(GiveUp::Uncommon);
+            }
+            header(out, e.kind, path(k, &[], self.policy, self.read).as_bytes());
+            out.extend_from_slice(e.value);
+        }
+        finish(out, start);
+        Ok(())
+    }
+
+    /// A document whose keys are paths and whose values stay (a sort, a
+    /// hint's key pattern).
+    fn paths(&self, d: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        descend(depth)?;
+        let start = begin(out);
+        for e in elements(d) {
+            let e = e?;
+            let k = as_str(e.key)?;
+            if k.starts_with('$') {
+                copy(out, e);
+                continue;
+            }
+            header(out, e.kind, path(k, &[], self.policy, self.read).as_bytes());
+            out.extend_from_slice(e.value);
+        }
+        finish(out, start);
+        Ok(())
+    }
+
+    /// An update: operators on paths, or a replacement document. Its names
+    /// are stored.
+    fn update(&self, u: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        let depth = descend(depth)?;
+        let operators = match elements(u).next() {
+            Some(first) => first?.key.first() == Some(&b'$'),
+            None => false,
+        };
+        if !operators {
+            tokenize_under(u, false, &[], self.policy, self.store, out, depth)?;
+            return Ok(());
+        }
+        let start = begin(out);
+        for op in elements(u) {
+            let op = op?;
+            if op.kind != 0x03 {
+                copy(out, op);
+                continue;
+            }
+            let verbatim = match op.key {
+                b"$unset" | b"$inc" | b"$mul" | b"$currentDate" | b"$pop" | b"$bit" => true,
+                b"$set" | b"$setOnInsert" | b"$min" | b"$max" | b"$push" | b"$addToSet"
+                | b"$pullAll" => false,
+                _ => return Err(GiveUp::Uncommon),
+            };
+            header(out, op.kind, op.key);
+            let fields = begin(out);
+            let inner = descend(depth)?;
+            for f in elements(op.value) {
+                let f = f?;
+                let p = as_str(f.key)?;
+                header(
+                    out,
+                    f.kind,
+                    path(p, &[], self.policy, self.store).as_bytes(),
+                );
+                match f.kind {
+                    0x03 | 0x04 if !verbatim => {
+                        let scope: Vec<&str> = logical_parts(p).collect();
+                        let is_array = f.kind == 0x04;
+                        tokenize_under(
+                            f.value,
+                            is_array,
+                            &scope,
+                            self.policy,
+                            self.store,
+                            out,
+                            inner,
+                        )?;
+                    }
+                    _ => out.extend_from_slice(f.value),
+                }
+            }
+            finish(out, fields);
+        }
+        finish(out, start);
+        Ok(())
+    }
+}
+
+/// The slot a field fills, by its key (an update's two keys included).
+fn slot_for<'s>(slots: &'s [Slot], key: &[u8]) -> Option<&'s Slot> {
+    slots.iter().find(|slot| match slot {
+        Slot::Update { filter, update } => filter.as_bytes() == key || update.as_bytes() == key,
+        Slot::Filter(k)
+        | Slot::Documents(k)
+        | Slot::Document(k)
+        | Slot::Projection(k)
+        | Slot::Sort(k)
+        | Slot::Hint(k)
+        | Slot::Keys(k)
+        | Slot::Path(k)
+        | Slot::Pipeline(k)
+        | Slot::Let(k)
+        | Slot::ArrayFilters(k)
+        | Slot::Each(k, _)
+        | Slot::Within(k, _)
+        | Slot::Explain(k) => k.as_bytes() == key,
+        Slot::View { on, pipeline } => on.as_bytes() == key || pipeline.as_bytes() == key,
+        Slot::BulkOps => key == b"ops" || key == b"nsInfo",
+    })
+}
+
+/// Whether an update statement asks for an upsert.
+fn is_upsert(doc: &[u8]) -> Result<bool> {
+    for e in elements(doc) {
+        let e = e?;
+        if e.key == b"upsert" {
+            return Ok(e.kind == 0x08 && e.value == [1]);
+        }
+    }
+    Ok(false)
+}
+
+fn copy(out: &mut Vec<u8>, e: Element<'_>) {
+    header(out, e.kind, e.key);
+    out.extend_from_slice(e.value);
+}
+
+/// A literal compared with stored data: taken only if it holds no
+/// documents (whose keys would be stored names).
+fn scalar_value(e: Element<'_>) -> Result<()> {
+    match e.kind {
+        0x03 => Err(GiveUp::Uncommon),
+        0x04 => {
+            for x in elements(e.value) {
+                if matches!(x?.kind, 0x03 | 0x04) {
+                    return Err(GiveUp::Uncommon);
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A projection flag: 0, 1, true or false.
+fn is_flag(e: Element<'_>) -> bool {
+    match e.kind {
+        0x08 => true,
+        0x10 => matches!(e.value, [0 | 1, 0, 0, 0]),
+        0x12 => matches!(e.value, [0 | 1, 0, 0, 0, 0, 0, 0, 0]),
+        0x01 => {
+            let x = f64::from_le_bytes(e.value.try_into().unwrap_or_default());
+            x == 0.0 || x == 1.0
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use bson::{doc, Bson, Document, RawDocumentBuf};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rewrite::command::Command;
+    use crate::rewrite::mapper::{self, Lookup};
+    use crate::rewrite::names::{Misses, Noting};
+    use crate::token::{Dictionary, Policies};
+    use crate::wire::{DocumentSequence, MsgFlags};
+
+    fn policy() -> Policy {
+        Policy::new(3, &["custom".into()], "laconic")
+    }
+
+    /// A dictionary knowing some of the names the generators use (the
+    /// others are misses, noted alike by both rewrites).
+    fn dictionary() -> Arc<Dictionary> {
+        let mut d = Dictionary::default();
+        d.add_names(
+            &[
+                "name",
+                "email",
+                "score",
+                "custom",
+                "address",
+                "city",
+                "Favourite Colour",
+                "tags",
+            ]
+            .map(str::to_owned),
+        );
+        Arc::new(d)
+    }
+
+    /// One message rewritten by the splice (`None` if it gave up) or by
+    /// the owned mapper, with the misses noted.
+    fn rewrite(m: &OpMsg, splice: bool) -> (Option<std::result::Result<OpMsg, String>>, Misses) {
+        let policy = policy();
+        let policies = Policies::new(policy.clone());
+        let dict = dictionary();
+        let misses = RefCell::new(Misses::default());
+        let noting = |storing| Noting {
+            inner: dict.clone(),
+            db: "d",
+            misses: &misses,
+            storing,
+        };
+        let (read, store) = (noting(false), noting(true));
+        let out = if splice {
+            let name = m.body().iter().next().unwrap().unwrap().0.to_owned();
+            match command(m, &name, &policy, &read, &store) {
+                Ok(msg) => Some(Ok(msg)),
+                Err(GiveUp::Uncommon) => None,
+                Err(e) => Some(Err(format!("{e:?}"))),
+            }
+        } else {
+            let mut cmd = Command::from_msg(m).unwrap();
+            let lookup = Lookup {
+                read: &read,
+                store: &store,
+            };
+            Some(
+                mapper::command(&mut cmd, "d", &policies, lookup)
+                    .and_then(|()| cmd.into_msg(m))
+                    .map_err(|e| e.to_string()),
+            )
+        };
+        drop((read, store));
+        (out, misses.into_inner())
+    }
+
+    fn sorted(mut m: Misses) -> Misses {
+        m.stored_names.sort();
+        m.read_names.sort();
+        m
+    }
+
+    fn msg(body: &Document, sequence: Option<(&str, Vec<Document>)>) -> OpMsg {
+        let raw = |d: &Document| {
+            bytes::Bytes::from(RawDocumentBuf::from_document(d).unwrap().into_bytes())
+        };
+        let mut sections = vec![Section::Body(raw(body))];
+        if let Some((id, docs)) = sequence {
+            sections.push(Section::Sequence(DocumentSequence {
+                identifier: id.into(),
+                documents: docs.iter().map(raw).collect(),
+            }));
+        }
+        OpMsg {
+            flags: MsgFlags::default(),
+            sections,
+            checksum: None,
+        }
+    }
+
+    /// Whether the splice took the command; where it did, it gave what
+    /// the owned mapper gives, and noted the same misses.
+    fn check(m: &OpMsg) -> bool {
+        let (spliced, spliced_misses) = rewrite(m, true);
+        let Some(spliced) = spliced else {
+            return false;
+        };
+        let (owned, owned_misses) = rewrite(m, false);
+        let (spliced, owned) = (spliced.unwrap(), owned.unwrap());
+        let owned = owned.expect("the splice takes nothing the owned mapper refuses");
+        assert_eq!(
+            spliced.sections, owned.sections,
+            "the splice and the owned rewrite differ"
+        );
+        assert_eq!(sorted(spliced_misses), sorted(owned_misses));
+        true
+    }
+
+    #[test]
+    fn the_common_shapes_are_spliced_as_the_owned_mapper_rewrites_them() {
+        let lsid = doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] }};
+        let find = doc! {
+            "find": "people", "filter": {"name": "x", "score": {"$gte": 3, "$lt": 9}, "$or": [{"address.city": "Oslo"}, {"tags": {"$in": ["a", "b"]}}]},
+            "projection": {"name": 1, "custom.Favourite Colour": 1, "_id": 0}, "sort": {"score": -1},
+            "hint": "score_1", "lsid": lsid.clone(), "$db": "d",
+        };
+        assert!(check(&msg(&find, None)));
+        let update = doc! {"update": "people", "ordered": true, "lsid": lsid, "$db": "d"};
+        let statements = vec![
+            doc! {"q": {"_id": 1}, "u": {"$set": {"address": {"city": "Oslo", "postcode": "0150"}, "custom.New Attribute": [1, {"nested": 2}]}, "$inc": {"score": 1}}, "upsert": true},
+            doc! {"q": {"email": {"$exists": true}}, "u": {"name": "replaced", "custom": {"Favourite Colour": "red"}}, "multi": false},
+            doc! {"q": {}, "u": {"$unset": {"tags.0": ""}, "$push": {"tags": {"$each": ["x"]}}}},
+        ];
+        assert!(check(&msg(&update, Some(("updates", statements.clone())))));
+        let mut inline = update.clone();
+        inline.insert("updates", statements);
+        assert!(check(&msg(&inline, None)));
+        assert!(check(&msg(
+            &doc! {"distinct": "people", "key": "address.city", "query": {"score": 1}, "$db": "d"},
+            None
+        )));
+    }
+
+    #[test]
+    fn uncommon_shapes_are_left_to_the_owned_mapper() {
+        for body in [
+            doc! {"find": "c", "filter": {"$expr": {"$eq": ["$name", 1]}}, "$db": "d"},
+            doc! {"find": "c", "filter": {"address": {"city": "Oslo"}}, "$db": "d"},
+            doc! {"find": "c", "filter": {"tags": {"$elemMatch": {"name": 1}}}, "$db": "d"},
+            doc! {"find": "c", "projection": {"name": {"$slice": 1}}, "$db": "d"},
+            doc! {"update": "c", "updates": [{"q": {}, "u": [{"$set": {"name": 1}}]}], "$db": "d"},
+            doc! {"aggregate": "c", "pipeline": [], "cursor": {}, "$db": "d"},
+        ] {
+            assert!(!check(&msg(&body, None)), "{body}");
+        }
+    }
+
+    fn arb_key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z_]{1,8}",
+            Just("name".to_owned()),
+            Just("score".to_owned()),
+            Just("custom".to_owned()),
+            "custom\\.[A-Z][a-z ]{1,8}",
+            "[a-z]{1,6}\\.[a-z]{1,6}",
+            "address\\.(\\$|0|\\$\\[\\]|\\$\\[x\\])\\.city",
+            "[\u{1}-\u{1f}][a-z]{0,3}",
+            Just("$comment".to_owned()),
+        ]
+    }
+
+    fn arb_scalar() -> impl Strategy<Value = Bson> {
+        prop_oneof![
+            any::<i32>().prop_map(Bson::Int32),
+            any::<i64>().prop_map(Bson::Int64),
+            "[a-z ]{0,6}".prop_map(Bson::String),
+            any::<bool>().prop_map(Bson::Boolean),
+            Just(Bson::Null),
+            Just(Bson::Double(1.0)),
+        ]
+    }
+
+    fn arb_value() -> impl Strategy<Value = Bson> {
+        arb_scalar().prop_recursive(2, 12, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Bson::Array),
+                prop::collection::vec((arb_key(), inner), 0..3)
+                    .prop_map(|kv| Bson::Document(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn arb_condition() -> impl Strategy<Value = Bson> {
+        let op = prop_oneof![
+            Just("$eq"),
+            Just("$ne"),
+            Just("$gt"),
+            Just("$lte"),
+            Just("$in"),
+            Just("$nin"),
+            Just("$exists"),
+            Just("$type"),
+            Just("$regex"),
+            Just("$not"),
+            Just("$elemMatch"),
+            Just("$size"),
+            Just("$near"),
+        ];
+        prop_oneof![
+            arb_value(),
+            prop::collection::vec((op, arb_value()), 0..3).prop_map(|ops| {
+                Bson::Document(ops.into_iter().map(|(o, v)| (o.to_owned(), v)).collect())
+            }),
+        ]
+    }
+
+    fn arb_filter() -> impl Strategy<Value = Document> {
+        let flat = || {
+            prop::collection::vec((arb_key(), arb_condition()), 0..4)
+                .prop_map(|kv| kv.into_iter().collect::<Document>())
+        };
+        (
+            flat(),
+            prop::option::of(prop::collection::vec(flat(), 0..3)),
+        )
+            .prop_map(|(mut f, or)| {
+                if let Some(or) = or {
+                    f.insert("$or", or);
+                }
+                f
+            })
+    }
+
+    fn arb_update() -> impl Strategy<Value = Bson> {
+        let op = prop_oneof![
+            Just("$set"),
+            Just("$inc"),
+            Just("$unset"),
+            Just("$push"),
+            Just("$setOnInsert"),
+            Just("$addToSet"),
+            Just("$rename"),
+            Just("$min"),
+            Just("$currentDate"),
+        ];
+        let fields = prop::collection::vec((arb_key(), arb_value()), 0..3)
+            .prop_map(|kv| Bson::Document(kv.into_iter().collect()));
+        prop_oneof![
+            prop::collection::vec((op, fields), 1..3).prop_map(|ops| {
+                Bson::Document(ops.into_iter().map(|(o, v)| (o.to_owned(), v)).collect())
+            }),
+            prop::collection::vec((arb_key(), arb_value()), 0..3).prop_map(|kv| Bson::Document(
+                kv.into_iter()
+                    .filter(|(k, _)| !k.starts_with('$'))
+                    .collect()
+            )),
+        ]
+    }
+
+    fn arb_command() -> impl Strategy<Value = OpMsg> {
+        let flags = || {
+            prop::collection::vec((arb_key(), arb_value()), 0..3)
+                .prop_map(|kv| Bson::Document(kv.into_iter().collect()))
+        };
+        prop_oneof![
+            (arb_filter(), prop::option::of(flags()), prop::option::of(flags())).prop_map(
+                |(filter, projection, sort)| {
+                    let mut b = doc! {"find": "c", "filter": filter};
+                    if let Some(p) = projection {
+                        b.insert("projection", p);
+                    }
+                    if let Some(s) = sort {
+                        b.insert("sort", s);
+                    }
+                    b.insert("$db", "d");
+                    msg(&b, None)
+                }
+            ),
+            (prop::collection::vec((arb_filter(), arb_update(), any::<bool>()), 1..3), any::<bool>())
+                .prop_map(|(ops, sequence)| {
+                    let statements: Vec<Document> = ops
+                        .into_iter()
+                        .map(|(q, u, upsert)| doc! {"q": q, "u": u, "upsert": upsert})
+                        .collect();
+                    if sequence {
+                        msg(&doc! {"update": "c", "$db": "d"}, Some(("updates", statements)))
+                    } else {
+                        msg(&doc! {"update": "c", "updates": statements, "$db": "d"}, None)
+                    }
+                }),
+            arb_filter().prop_map(|q| msg(&doc! {"delete": "c", "deletes": [{"q": q, "limit": 1}], "$db": "d"}, None)),
+            (arb_filter(), arb_update(), any::<bool>()).prop_map(|(q, u, upsert)| {
+                msg(&doc! {"findAndModify": "c", "query": q, "update": u, "upsert": upsert, "$db": "d"}, None)
+            }),
+            (arb_key(), arb_filter()).prop_map(|(k, q)| {
+                msg(&doc! {"distinct": "c", "key": k, "query": q, "$db": "d"}, None)
+            }),
+        ]
+    }
+
+    #[test]
+    fn the_generated_commands_are_often_spliced() {
+        // The property below says nothing if the splice gives up on
+        // everything the generator makes.
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = arb_command();
+        let taken = (0..500)
+            .filter(|_| check(&strategy.new_tree(&mut runner).unwrap().current()))
+            .count();
+        assert!(taken >= 100, "only {taken} of 500 spliced");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn where_the_splice_takes_a_command_it_agrees_with_the_owned_mapper(m in arb_command()) {
+            check(&m);
+        }
+    }
+}
