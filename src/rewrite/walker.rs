@@ -28,6 +28,8 @@ pub struct Element<'a> {
     pub kind: u8,
     pub key: &'a [u8],
     pub value: &'a [u8],
+    /// The whole element as it came: type byte, key, NUL and value.
+    pub raw: &'a [u8],
 }
 
 /// The elements of one document (or array), given with its length prefix.
@@ -57,7 +59,7 @@ impl<'a> Iterator for Elements<'a> {
         let doc = self.doc;
         let kind = doc[self.at];
         let key_start = self.at + 1;
-        let Some(nul) = memchr::memchr(0, &doc[key_start..self.end]) else {
+        let Some(nul) = nul_at(&doc[key_start..self.end]) else {
             self.at = self.end;
             return Some(Err(Malformed::Invalid("a key without its NUL")));
         };
@@ -65,11 +67,13 @@ impl<'a> Iterator for Elements<'a> {
         let value_start = key_start + nul + 1;
         match value_len(kind, &doc[value_start..self.end]) {
             Ok(len) => {
+                let start = self.at;
                 self.at = value_start + len;
                 Some(Ok(Element {
                     kind,
                     key,
-                    value: &doc[value_start..value_start + len],
+                    value: &doc[value_start..self.at],
+                    raw: &doc[start..self.at],
                 }))
             }
             Err(e) => {
@@ -78,6 +82,28 @@ impl<'a> Iterator for Elements<'a> {
             }
         }
     }
+}
+
+/// The position of the first NUL: keys are short, so eight bytes at a time
+/// for the first 32 (one word test each), then `memchr`.
+#[inline(always)]
+fn nul_at(b: &[u8]) -> Option<usize> {
+    const LOW: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut at = 0;
+    while at < 32 {
+        let Some(Ok(word)) = b.get(at..at + 8).map(<[u8; 8]>::try_from) else {
+            break;
+        };
+        let w = u64::from_le_bytes(word);
+        // The lowest set bit marks the first zero byte exactly.
+        let zero = w.wrapping_sub(LOW) & !w & HIGH;
+        if zero != 0 {
+            return Some(at + (zero.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    memchr::memchr(0, b.get(at..)?).map(|n| at + n)
 }
 
 /// The depth below `depth`, unless that is too deep: every walk that goes
@@ -186,10 +212,12 @@ fn copy_at(doc: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), Malformed>
     let start = begin(out);
     for e in elements(doc) {
         let e = e?;
-        header(out, e.kind, e.key);
         match e.kind {
-            0x03 | 0x04 => copy_at(e.value, out, descend(depth)?)?,
-            _ => out.extend_from_slice(e.value),
+            0x03 | 0x04 => {
+                header(out, e.kind, e.key);
+                copy_at(e.value, out, descend(depth)?)?
+            }
+            _ => out.extend_from_slice(e.raw),
         }
     }
     finish(out, start);
@@ -301,6 +329,22 @@ mod tests {
         assert!(validate(&[5, 0, 0, 0, 1]).is_err());
         assert!(validate(&[6, 0, 0, 0, 0x42, 0]).is_err());
         let _ = (Bson::Null, Document::new());
+    }
+
+    #[test]
+    fn the_nul_is_found_wherever_it_is() {
+        for len in 0..80 {
+            for at in 0..len {
+                let mut b = vec![0xFFu8; len];
+                b[at] = 0;
+                if at + 3 < len {
+                    b[at + 3] = 0;
+                }
+                assert_eq!(nul_at(&b), Some(at), "{len} {at}");
+            }
+            assert_eq!(nul_at(&vec![1u8; len]), None);
+            assert_eq!(nul_at(&vec![0x80u8; len]), None);
+        }
     }
 
     #[test]

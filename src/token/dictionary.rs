@@ -90,6 +90,26 @@ impl Chain {
     }
 }
 
+/// The slots of [`short_slot`]: 31 first bytes, each alone or followed by
+/// one of the 94 bytes `0x21..=0x7E`.
+const SHORT_SLOTS: usize = 31 * 95;
+
+/// Where a key of one or two bytes that may be a token sits in the table
+/// of short tokens; `None` for any other key (looked up by hash).
+#[inline]
+fn short_slot(key: &[u8]) -> Option<usize> {
+    let first = match *key.first()? {
+        b @ 0x01..=0x1E => usize::from(b - 1),
+        0x7F => 30,
+        _ => return None,
+    };
+    match key {
+        [_] => Some(first * 95),
+        [_, b @ 0x21..=0x7E] => Some(first * 95 + usize::from(b - 0x20)),
+        _ => None,
+    }
+}
+
 /// A dictionary: its identity, its names and its values.
 #[derive(Clone, Debug)]
 pub struct Dictionary {
@@ -100,6 +120,9 @@ pub struct Dictionary {
     tokens: FxHashMap<Arc<str>, Token>,
     /// token → name
     names: FxHashMap<Token, Arc<str>>,
+    /// token → name for the tokens of one or two bytes (the 751 most
+    /// frequent names), by position: expansion's common case, unhashed.
+    short: Vec<Option<Arc<str>>>,
     /// Names in byte order, with their tokens (the same order).
     sorted: Vec<(Arc<str>, Token)>,
     /// value number → value
@@ -117,6 +140,7 @@ impl Dictionary {
             cap: cap.max(1),
             tokens: FxHashMap::default(),
             names: FxHashMap::default(),
+            short: Vec::new(),
             sorted: Vec::new(),
             values: Vec::new(),
             value_numbers: FxHashMap::default(),
@@ -238,6 +262,12 @@ impl Dictionary {
             }
             self.sorted.insert(i, (name.clone(), *token));
             self.tokens.insert(name.clone(), *token);
+            if let Some(at) = short_slot(token.as_bytes()) {
+                if self.short.is_empty() {
+                    self.short = vec![None; SHORT_SLOTS];
+                }
+                self.short[at] = Some(name.clone());
+            }
             self.names.insert(*token, name);
         }
         Ok(())
@@ -301,7 +331,10 @@ impl Names for Dictionary {
         self.tokens.get(name).copied()
     }
     fn name(&self, token: &[u8]) -> Option<&str> {
-        self.names.get(token).map(|n| &**n)
+        match short_slot(token) {
+            Some(at) => self.short.get(at)?.as_deref(),
+            None => self.names.get(token).map(|n| &**n),
+        }
     }
     fn value_token(&self, value: &str) -> Option<u32> {
         self.value_numbers.get(value).copied()

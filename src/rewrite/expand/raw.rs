@@ -51,6 +51,10 @@ impl Expander<'_> {
                 if plain && strings == Strings::Data {
                     // The common case: a user key stored as it is, in a document.
                     (Cow::Borrowed(e.key), strings)
+                } else if let Some(name) = starts_token(first).then(|| names.name(e.key)).flatten()
+                {
+                    // The other common case: a whole key that is a known token.
+                    (Cow::Borrowed(name.as_bytes()), strings.under(name))
                 } else if plain {
                     let k = as_str(e.key)?;
                     (Cow::Borrowed(e.key), strings.under(k))

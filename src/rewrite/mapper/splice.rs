@@ -360,8 +360,7 @@ fn is_upsert(doc: &[u8]) -> Result<bool> {
 }
 
 fn copy(out: &mut Vec<u8>, e: Element<'_>) {
-    header(out, e.kind, e.key);
-    out.extend_from_slice(e.value);
+    out.extend_from_slice(e.raw);
 }
 
 /// A literal compared with stored data: taken only if it holds no

@@ -108,7 +108,9 @@ impl Walker<'_> {
         *self.b.document_lengths.entry(name.to_owned()).or_default() += 4;
         self.b.null_terminators += 1;
         for e in walker::elements(doc) {
-            let walker::Element { kind, key, value } = e?;
+            let walker::Element {
+                kind, key, value, ..
+            } = e?;
             self.b.attributes += key.len();
             self.b.null_terminators += 1;
             let key = String::from_utf8_lossy(key);
