@@ -29,7 +29,7 @@ impl Pki {
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params
             .distinguished_name
-            .push(DnType::CommonName, "laconic test CA");
+            .push(DnType::CommonName, format!("laconic test CA {name}"));
         let ca = params.self_signed(&ca_key).unwrap();
         std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
         Pki { dir, ca, ca_key }
@@ -43,10 +43,21 @@ impl Pki {
     /// two in one file, as drivers take a client certificate), for the
     /// names `sans`. Returns the certificate's DER.
     fn issue(&self, name: &str, sans: &[&str]) -> Vec<u8> {
+        self.issue_with(name, sans, |_| {})
+    }
+
+    /// [`Pki::issue`], with the certificate's parameters changed by `edit`.
+    fn issue_with(
+        &self,
+        name: &str,
+        sans: &[&str],
+        edit: impl FnOnce(&mut CertificateParams),
+    ) -> Vec<u8> {
         let key = KeyPair::generate().unwrap();
         let mut params =
             CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
         params.distinguished_name.push(DnType::CommonName, name);
+        edit(&mut params);
         let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
         let write = |file: &str, text: &str| {
             // Replaced whole, as a certificate manager does.
@@ -297,4 +308,68 @@ async fn allowed_mode_serves_both_and_client_certificates_are_checked() {
         .expect("refused well before the 60 s handshake timeout")
         .unwrap_or(0);
     assert_eq!(n, 0);
+}
+
+/// The upstream leg refuses a certificate it cannot trust, and says why:
+/// one signed by another CA, and one that has expired. Commands that need
+/// the upstream fail with a network error naming the certificate; the
+/// proxy itself stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_certificates_from_a_wrong_ca_or_expired_are_refused_with_the_reason() {
+    let pki = Pki::new("tls-untrusted");
+    let other = Pki::new("tls-other-ca");
+    pki.issue("upstream", &["127.0.0.1"]);
+    pki.issue_with("expired", &["127.0.0.1"], |p| {
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    });
+    let launch = |name: &str| {
+        common::launch(&[
+            "--tls",
+            s(&pki.file(&format!("{name}.pem"))),
+            s(&pki.file(&format!("{name}.key"))),
+            s(&pki.ca()),
+        ])
+    };
+    let (good, expired) = (launch("upstream"), launch("expired"));
+    let cases = [
+        (&good, other.ca(), "invalid peer certificate: UnknownIssuer"),
+        (
+            &expired,
+            pki.ca(),
+            "invalid peer certificate: certificate expired",
+        ),
+    ];
+    for (upstream, ca, why) in cases {
+        let uri = format!("mongodb://{}/?tls=true&tlsCAFile={}", upstream.host, s(&ca));
+        let proxy = common::start(common::proxy_config(&uri)).await;
+        let via = client(format!(
+            "mongodb://{}/?serverSelectionTimeoutMS=5000&retryReads=false",
+            proxy.addr
+        ))
+        .await;
+        let err = via
+            .database("admin")
+            .run_command(doc! {"ping": 1})
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(why), "{why}: {text}");
+        assert!(
+            text.contains("laconic: cannot connect to the upstream"),
+            "{text}"
+        );
+        // Each connection gets its answer at once, and the proxy lives on.
+        let mut raw = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        common::write_frame(
+            &mut raw,
+            &common::op_msg(1, 0, doc! {"hello": 1, "$db": "admin"}),
+        )
+        .await;
+        let mut buf = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(10), raw.read_exact(&mut buf))
+            .await
+            .expect("hello answered, if with an error")
+            .unwrap();
+    }
 }
