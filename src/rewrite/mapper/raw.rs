@@ -196,11 +196,13 @@ pub fn insert(
                     header(&mut body, e.kind, e.key);
                     if e.key == b"documents" && e.kind == 0x04 {
                         let array = begin(&mut body);
+                        let tokenizer = Tokenizer { policy, names };
+                        let mut parent = Vec::with_capacity(8);
                         for d in elements(e.value) {
                             let d = d?;
                             header(&mut body, d.kind, d.key);
                             if d.kind == 0x03 {
-                                tokenize(d.value, policy, names, &mut body)?;
+                                tokenizer.doc(d.value, false, &mut parent, &mut body, 0)?;
                             } else {
                                 body.extend_from_slice(d.value);
                             }
@@ -214,10 +216,21 @@ pub fn insert(
                 *b = bytes::Bytes::from(body);
             }
             Section::Sequence(seq) if seq.identifier == "documents" => {
-                for d in &mut seq.documents {
-                    let mut stored = Vec::with_capacity(d.len());
-                    tokenize(d, policy, names, &mut stored)?;
-                    *d = bytes::Bytes::from(stored);
+                // One buffer for the whole batch, each document a slice of it.
+                let size = seq.documents.iter().map(|d| d.len()).sum::<usize>();
+                let mut stored = Vec::with_capacity(size + size / 4);
+                let mut ends = Vec::with_capacity(seq.documents.len());
+                let tokenizer = Tokenizer { policy, names };
+                let mut parent = Vec::with_capacity(8);
+                for d in &seq.documents {
+                    tokenizer.doc(d, false, &mut parent, &mut stored, 0)?;
+                    ends.push(stored.len());
+                }
+                let stored = bytes::Bytes::from(stored);
+                let mut start = 0;
+                for (d, end) in seq.documents.iter_mut().zip(ends) {
+                    *d = stored.slice(start..end);
+                    start = end;
                 }
             }
             Section::Sequence(_) => {}
