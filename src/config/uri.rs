@@ -90,6 +90,104 @@ fn percent_decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// What the proxy does with a connection-string option.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptionUse {
+    /// Honoured on every upstream connection: the sessions' and the
+    /// proxy's own (TLS, heartbeats).
+    Everywhere,
+    /// Honoured by the proxy's own connection (the name store's, health
+    /// checks). A session's leg carries its driver's own settings instead:
+    /// credentials, concerns, timeouts and pools are the driver's, and reach
+    /// the upstream in its commands.
+    Own,
+    /// Refused at start, with the reason.
+    Refused(&'static str),
+}
+
+/// Every option of the connection string specification, by lower-case
+/// name. An option not listed is refused as unknown.
+const OPTIONS: &[(&str, OptionUse)] = {
+    use OptionUse::*;
+    &[
+        ("tls", Everywhere),
+        ("ssl", Everywhere),
+        ("tlscafile", Everywhere),
+        ("tlscertificatekeyfile", Everywhere),
+        ("tlsinsecure", Everywhere),
+        ("tlsallowinvalidcertificates", Everywhere),
+        ("tlsallowinvalidhostnames", Everywhere),
+        ("tlscertificatekeyfilepassword", Everywhere),
+        // The proxy checks no revocation (OCSP or CRL): turning the check off
+        // is what it does anyway.
+        ("tlsdisableocspendpointcheck", Everywhere),
+        ("tlsdisablecertificaterevocationcheck", Everywhere),
+        ("heartbeatfrequencyms", Everywhere),
+        ("appname", Own),
+        ("authsource", Own),
+        ("authmechanism", Own),
+        ("authmechanismproperties", Own),
+        ("gssapiservicename", Own),
+        ("directconnection", Own),
+        ("replicaset", Own),
+        ("journal", Own),
+        ("w", Own),
+        ("wtimeoutms", Own),
+        ("readconcernlevel", Own),
+        ("readpreference", Own),
+        ("readpreferencetags", Own),
+        ("maxstalenessseconds", Own),
+        ("retryreads", Own),
+        ("retrywrites", Own),
+        ("maxpoolsize", Own),
+        ("minpoolsize", Own),
+        ("maxidletimems", Own),
+        ("maxconnecting", Own),
+        ("waitqueuetimeoutms", Own),
+        ("serverselectiontimeoutms", Own),
+        ("serverselectiontryonce", Own),
+        ("sockettimeoutms", Own),
+        ("localthresholdms", Own),
+        ("timeoutms", Own),
+        ("servermonitoringmode", Own),
+        ("uuidrepresentation", Own),
+        ("zlibcompressionlevel", Own),
+        ("connecttimeoutms", Refused("set connect_timeout_ms in [proxy] instead: it times every upstream connection, the sessions' included")),
+        ("compressors", Refused("set upstream_compressors in [proxy] instead: it compresses every upstream connection, the sessions' included")),
+        ("loadbalanced", Refused("load-balanced mode is not supported: name the mongos hosts in the URI, and the proxy spreads sessions over them")),
+        ("srvmaxhosts", Refused("mongodb+srv:// is not supported; list the hosts explicitly")),
+        ("srvservicename", Refused("mongodb+srv:// is not supported; list the hosts explicitly")),
+        ("proxyhost", Refused("a SOCKS5 proxy on the upstream leg is not supported")),
+        ("proxyport", Refused("a SOCKS5 proxy on the upstream leg is not supported")),
+        ("proxyusername", Refused("a SOCKS5 proxy on the upstream leg is not supported")),
+        ("proxypassword", Refused("a SOCKS5 proxy on the upstream leg is not supported")),
+    ]
+};
+
+/// What the proxy does with the option `name` (any case); `None` if it is
+/// not a connection-string option.
+pub fn option_use(name: &str) -> Option<OptionUse> {
+    let lower = name.to_ascii_lowercase();
+    OPTIONS.iter().find(|(n, _)| *n == lower).map(|(_, u)| *u)
+}
+
+/// Refuses an option the proxy cannot honour, or does not know.
+fn check_options(query: &str) -> Result<(), String> {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let name = pair.split_once('=').map_or(pair, |(k, _)| k);
+        match option_use(name) {
+            Some(OptionUse::Everywhere | OptionUse::Own) => {}
+            Some(OptionUse::Refused(why)) => return Err(format!("{name}: {why}")),
+            None => {
+                return Err(format!(
+                    "{name}: not a connection string option Laconic knows; remove it (the README lists what each option does through the proxy)"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 impl ConnectionString {
     /// Parses `mongodb://[user:pass@]host[:port][,host…][/db][?options]`.
     /// Credentials and options are the driver's business, not the proxy's:
@@ -121,6 +219,7 @@ impl ConnectionString {
             return Err("the URI names no host".into());
         }
         let query = rest.split_once('?').map_or("", |(_, q)| q);
+        check_options(query)?;
         let heartbeat_ms = query
             .split('&')
             .filter_map(|p| p.split_once('='))
@@ -182,5 +281,36 @@ mod tests {
         assert!(ConnectionString::parse("mongodb://h/?tls=false&tlsInsecure=true").is_err());
         assert!(ConnectionString::parse("mongodb://h/?tls=yes").is_err());
         assert!(ConnectionString::parse("mongodb://h/?tlsCertificateKeyFilePassword=x").is_err());
+    }
+
+    #[test]
+    fn every_option_is_honoured_or_refused_by_name() {
+        let ok = "mongodb://u:p@h/db?authSource=admin&appName=x&replicaSet=rs0&w=majority&retryWrites=true&maxPoolSize=5&readPreference=primary&tlsDisableOCSPEndpointCheck=true";
+        ConnectionString::parse(ok).unwrap();
+        for (uri, named) in [
+            (
+                "mongodb://h/?compressors=zstd",
+                "compressors: set upstream_compressors",
+            ),
+            (
+                "mongodb://h/?connectTimeoutMS=5",
+                "connectTimeoutMS: set connect_timeout_ms",
+            ),
+            (
+                "mongodb://h/?loadBalanced=true",
+                "loadBalanced: load-balanced mode",
+            ),
+            ("mongodb://h/?proxyHost=socks", "proxyHost: a SOCKS5 proxy"),
+            (
+                "mongodb://h/?readPrefrence=secondary",
+                "readPrefrence: not a connection string option",
+            ),
+        ] {
+            let err = ConnectionString::parse(uri).unwrap_err();
+            assert!(err.starts_with(named), "{uri}: {err}");
+        }
+        // Options are matched in any case, as drivers match them.
+        assert_eq!(option_use("MAXPOOLSIZE"), Some(OptionUse::Own));
+        assert_eq!(option_use("TLS"), Some(OptionUse::Everywhere));
     }
 }
