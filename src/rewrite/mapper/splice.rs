@@ -119,11 +119,11 @@ impl Splice<'_> {
                 }
                 (Some(Slot::Projection(_)), 0x03) => {
                     header(out, e.kind, e.key);
-                    self.projection(e.value, out, depth)?;
+                    self.paths(e.value, true, out, depth)?;
                 }
                 (Some(Slot::Sort(_) | Slot::Hint(_)), 0x03) => {
                     header(out, e.kind, e.key);
-                    self.paths(e.value, out, depth)?;
+                    self.paths(e.value, false, out, depth)?;
                 }
                 (Some(Slot::Path(_)), 0x02) => {
                     header(out, e.kind, e.key);
@@ -225,30 +225,10 @@ impl Splice<'_> {
         Ok(())
     }
 
-    /// A find projection of flags (`{a: 1, "b.c": 0}`).
-    fn projection(&self, p: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
-        descend(depth)?;
-        let start = begin(out);
-        for e in elements(p) {
-            let e = e?;
-            let k = as_str(e.key)?;
-            if k.starts_with('$') {
-                copy(out, e);
-                continue;
-            }
-            if !is_flag(e) {
-                return Err(GiveUp::Uncommon);
-            }
-            header(out, e.kind, path(k, &[], self.policy, self.read).as_bytes());
-            out.extend_from_slice(e.value);
-        }
-        finish(out, start);
-        Ok(())
-    }
-
-    /// A document whose keys are paths and whose values stay (a sort, a
-    /// hint's key pattern).
-    fn paths(&self, d: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+    /// A document whose keys are paths and whose values stay: a sort, a
+    /// hint's key pattern, or (`flags`) a find projection of flags only
+    /// (`{a: 1, "b.c": 0}`).
+    fn paths(&self, d: &[u8], flags: bool, out: &mut Vec<u8>, depth: usize) -> Result<()> {
         descend(depth)?;
         let start = begin(out);
         for e in elements(d) {
@@ -257,6 +237,9 @@ impl Splice<'_> {
             if k.starts_with('$') {
                 copy(out, e);
                 continue;
+            }
+            if flags && !is_flag(e) {
+                return Err(GiveUp::Uncommon);
             }
             header(out, e.kind, path(k, &[], self.policy, self.read).as_bytes());
             out.extend_from_slice(e.value);
