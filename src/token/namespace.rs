@@ -220,9 +220,16 @@ pub fn is_reserved(key: &str) -> bool {
 
 /// Whether a key, or any dot-separated part of it, is in the namespace.
 pub fn any_part_reserved(key: &[u8]) -> bool {
-    key.iter()
-        .enumerate()
-        .any(|(i, &b)| (i == 0 || key[i - 1] == b'.') && in_namespace(b))
+    let mut part = key;
+    loop {
+        if part.first().is_some_and(|&b| in_namespace(b)) {
+            return true;
+        }
+        match memchr::memchr(b'.', part) {
+            Some(dot) => part = &part[dot + 1..],
+            None => return false,
+        }
+    }
 }
 
 /// The stored form of a user key that is kept as it is (not tokenized):
@@ -303,6 +310,30 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn every_dotted_part_is_read_for_the_namespace() {
+        let old = |key: &[u8]| {
+            key.iter()
+                .enumerate()
+                .any(|(i, &b)| (i == 0 || key[i - 1] == b'.') && in_namespace(b))
+        };
+        for key in [
+            &b""[..],
+            b"a",
+            b"\x01a",
+            b"a.\x01",
+            b"a..\x1f",
+            b"a.b",
+            b".",
+            b"a.",
+            b"\x7f",
+            b"a\x01.b",
+            b"a.b.c.\x1e",
+        ] {
+            assert_eq!(any_part_reserved(key), old(key), "{key:?}");
+        }
+    }
 
     #[test]
     fn alphabets_alternate_and_increase() {
