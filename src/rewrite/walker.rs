@@ -184,6 +184,18 @@ fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
             0x02 | 0x0D | 0x0E => {
                 string_of(e.value)?;
             }
+            0x0B => {
+                // A regular expression: pattern and options, two C strings.
+                for part in e.value.split(|&b| b == 0).take(2) {
+                    if std::str::from_utf8(part).is_err() {
+                        return invalid("a regular expression that is not UTF-8");
+                    }
+                }
+            }
+            0x0C => {
+                // A DBPointer: a namespace string, then an ObjectId.
+                string_of(&e.value[..e.value.len() - 12])?;
+            }
             0x0F => {
                 // Code with scope: its total length, a string, then a
                 // document; any of them may lie.
@@ -327,6 +339,9 @@ mod tests {
         bad_key[5] = 0xFF;
         assert!(validate(&bad_key).is_err());
         assert!(validate(&[5, 0, 0, 0, 1]).is_err());
+        // A regular expression whose pattern is not UTF-8.
+        assert!(validate(&[11, 0, 0, 0, 0x0B, b'r', 0, 0xFF, 0, 0, 0]).is_err());
+        assert!(validate(&[12, 0, 0, 0, 0x0B, b'r', 0, b'a', 0, b'i', 0, 0]).is_ok());
         assert!(validate(&[6, 0, 0, 0, 0x42, 0]).is_err());
         let _ = (Bson::Null, Document::new());
     }
