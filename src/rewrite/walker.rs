@@ -196,6 +196,14 @@ fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
                 // A DBPointer: a namespace string, then an ObjectId.
                 string_of(&e.value[..e.value.len() - 12])?;
             }
+            0x08 if e.value[0] > 1 => return invalid("a boolean that is neither 0 nor 1"),
+            0x05 if e.value[4] == 0x02 => {
+                // The old binary subtype repeats its length inside.
+                let inner = e.value.get(5..).map(le_i32);
+                if inner != Some(Ok(e.value.len() - 9)) {
+                    return invalid("an old binary whose inner length is not its size");
+                }
+            }
             0x0F => {
                 // Code with scope: its total length, a string, then a
                 // document; any of them may lie.
@@ -339,6 +347,12 @@ mod tests {
         bad_key[5] = 0xFF;
         assert!(validate(&bad_key).is_err());
         assert!(validate(&[5, 0, 0, 0, 1]).is_err());
+        assert!(validate(&[9, 0, 0, 0, 0x08, b'b', 0, 2, 0]).is_err());
+        assert!(validate(&[9, 0, 0, 0, 0x08, b'b', 0, 1, 0]).is_ok());
+        // The old binary subtype: 5 bytes, of which an inner length (1) and 1 byte.
+        let old_binary = |inner: u8| [18, 0, 0, 0, 5, b'b', 0, 5, 0, 0, 0, 2, inner, 0, 0, 0, 7, 0];
+        assert!(validate(&old_binary(1)).is_ok());
+        assert!(validate(&old_binary(2)).is_err());
         // A regular expression whose pattern is not UTF-8.
         assert!(validate(&[11, 0, 0, 0, 0x0B, b'r', 0, 0xFF, 0, 0, 0]).is_err());
         assert!(validate(&[12, 0, 0, 0, 0x0B, b'r', 0, b'a', 0, b'i', 0, 0]).is_ok());
