@@ -199,8 +199,8 @@ fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
             0x08 if e.value[0] > 1 => return invalid("a boolean that is neither 0 nor 1"),
             0x05 if e.value[4] == 0x02 => {
                 // The old binary subtype repeats its length inside.
-                let inner = e.value.get(5..).map(le_i32);
-                if inner != Some(Ok(e.value.len() - 9)) {
+                let size = e.value.len().checked_sub(9);
+                if !size.is_some_and(|n| le_i32(&e.value[5..]) == Ok(n)) {
                     return invalid("an old binary whose inner length is not its size");
                 }
             }
@@ -353,6 +353,8 @@ mod tests {
         let old_binary = |inner: u8| [18, 0, 0, 0, 5, b'b', 0, 5, 0, 0, 0, 2, inner, 0, 0, 0, 7, 0];
         assert!(validate(&old_binary(1)).is_ok());
         assert!(validate(&old_binary(2)).is_err());
+        let too_short = [17, 0, 0, 0, 5, b'b', 0, 4, 0, 0, 0, 2, 1, 0, 0, 0, 0];
+        assert!(validate(&too_short).is_err());
         // A regular expression whose pattern is not UTF-8.
         assert!(validate(&[11, 0, 0, 0, 0x0B, b'r', 0, 0xFF, 0, 0, 0]).is_err());
         assert!(validate(&[12, 0, 0, 0, 0x0B, b'r', 0, b'a', 0, b'i', 0, 0]).is_ok());
