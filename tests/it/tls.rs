@@ -373,3 +373,56 @@ async fn upstream_certificates_from_a_wrong_ca_or_expired_are_refused_with_the_r
             .unwrap();
     }
 }
+
+/// The second driver over TLS: pymongo with `tls=true` through a tokenizing
+/// proxy that requires TLS, in front of a TLS-only upstream, runs the
+/// whole pymongo scenario (CRUD, cursors over several getMores, an
+/// aggregation, a transaction, a change stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pymongo_runs_its_scenario_over_tls_on_both_legs() {
+    let pki = Pki::new("tls-pymongo");
+    pki.issue("upstream", &["127.0.0.1"]);
+    pki.issue("proxy", &["127.0.0.1", "localhost"]);
+    let upstream = common::launch(&[
+        "--tls",
+        s(&pki.file("upstream.pem")),
+        s(&pki.file("upstream.key")),
+        s(&pki.ca()),
+    ]);
+    let mut config = common::proxy_config(&format!(
+        "mongodb://{}/?tls=true&tlsCAFile={}",
+        upstream.host,
+        s(&pki.ca())
+    ));
+    config.tokenize.min_len = 4;
+    config.tls = driver_tls(&pki);
+    let proxy = common::start(config).await;
+    let uri = format!(
+        "mongodb://{}/?retryWrites=false&tls=true&tlsCAFile={}",
+        proxy.addr,
+        s(&pki.ca())
+    );
+    let (python, script) = (
+        common::venv_python(),
+        common::root().join("tests/py/pymongo_session.py"),
+    );
+    let (proxy_addr, upstream_addr) = (proxy.addr.to_string(), upstream.host.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg(uri)
+            .arg(proxy_addr)
+            .arg(upstream_addr)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "pymongo over TLS failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
