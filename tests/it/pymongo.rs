@@ -7,15 +7,24 @@ use crate::common;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pymongo_runs_crud_cursors_aggregation_transactions_and_change_streams() {
     let proxy = common::proxy().await;
+    session(
+        format!("mongodb://{}/?retryWrites=false", proxy.addr),
+        proxy.addr.to_string(),
+        common::upstream().host.clone(),
+    )
+    .await;
+}
+
+/// Runs `tests/py/pymongo_session.py` with `uri` (naming the proxy at
+/// `proxy`, in front of `upstream`) and checks that all its checks passed.
+pub async fn session(uri: String, proxy: String, upstream: String) {
     let python = common::venv_python();
     let script = common::root().join("tests/py/pymongo_session.py");
-    let upstream = common::upstream().host.clone();
-    let proxy_addr = proxy.addr.to_string();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
             .arg(script)
-            .arg(format!("mongodb://{proxy_addr}/?retryWrites=false"))
-            .arg(proxy_addr)
+            .arg(uri)
+            .arg(proxy)
             .arg(upstream)
             .output()
             .unwrap()

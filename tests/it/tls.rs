@@ -402,27 +402,5 @@ async fn pymongo_runs_its_scenario_over_tls_on_both_legs() {
         proxy.addr,
         s(&pki.ca())
     );
-    let (python, script) = (
-        common::venv_python(),
-        common::root().join("tests/py/pymongo_session.py"),
-    );
-    let (proxy_addr, upstream_addr) = (proxy.addr.to_string(), upstream.host.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .arg(uri)
-            .arg(proxy_addr)
-            .arg(upstream_addr)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "pymongo over TLS failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    crate::pymongo::session(uri, proxy.addr.to_string(), upstream.host.clone()).await;
 }
