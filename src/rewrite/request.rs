@@ -259,43 +259,39 @@ fn owned(
     one: Option<&str>,
 ) -> Result<OpMsg, ProxyError> {
     let tokens = settings.tokens.as_ref();
-    {
-        {
-            let mut cmd = Command::from_msg(m)?;
-            if shape.concerns {
-                rules.shard = settings.shard_keys.request(&mut cmd)?;
-            }
-            if shape.hide {
-                hide_dictionaries(&mut cmd);
-            }
-            if let Some(t) = tokens {
-                // Each database's names through its dictionary, noting misses.
-                let mut noted = Vec::new();
-                for &db in dbs {
-                    let dict = t.store.dictionary(db)?;
-                    let noting = |storing| Noting {
-                        inner: dict.clone(),
-                        db,
-                        misses,
-                        storing,
-                    };
-                    noted.push((db, noting(shape.streams), noting(true)));
-                }
-                let lookup = |db: &str| {
-                    noted
-                        .iter()
-                        .find(|(d, _, _)| *d == db)
-                        .map(|(_, read, store)| mapper::Lookup { read, store })
-                };
-                if shape.name == "bulkWrite" {
-                    mapper::bulk_write(&mut cmd, &t.policies, &lookup)?;
-                } else if let Some((db, l)) = one.and_then(|db| Some((db, lookup(db)?))) {
-                    mapper::command(&mut cmd, db, &t.policies, l)?;
-                }
-            }
-            cmd.into_msg(m)
+    let mut cmd = Command::from_msg(m)?;
+    if shape.concerns {
+        rules.shard = settings.shard_keys.request(&mut cmd)?;
+    }
+    if shape.hide {
+        hide_dictionaries(&mut cmd);
+    }
+    if let Some(t) = tokens {
+        // Each database's names through its dictionary, noting misses.
+        let mut noted = Vec::new();
+        for &db in dbs {
+            let dict = t.store.dictionary(db)?;
+            let noting = |storing| Noting {
+                inner: dict.clone(),
+                db,
+                misses,
+                storing,
+            };
+            noted.push((db, noting(shape.streams), noting(true)));
+        }
+        let lookup = |db: &str| {
+            noted
+                .iter()
+                .find(|(d, _, _)| *d == db)
+                .map(|(_, read, store)| mapper::Lookup { read, store })
+        };
+        if shape.name == "bulkWrite" {
+            mapper::bulk_write(&mut cmd, &t.policies, &lookup)?;
+        } else if let Some((db, l)) = one.and_then(|db| Some((db, lookup(db)?))) {
+            mapper::command(&mut cmd, db, &t.policies, l)?;
         }
     }
+    cmd.into_msg(m)
 }
 
 /// How a command's replies are read, and the database whose dictionary
