@@ -121,6 +121,11 @@ async fn ready(ctx: &ProxyContext) -> Result<(), String> {
     let ping = admin.run_command(bson::doc! {"ping": 1});
     match tokio::time::timeout(limit, ping).await {
         Ok(Ok(_)) => {}
+        Ok(Err(e)) if matches!(*e.kind, mongodb::error::ErrorKind::Authentication { .. }) => {
+            return Err(format!(
+                "the proxy's own connection (the name store's) cannot authenticate to the upstream: {e}; check the credentials of the upstream URI (sessions authenticate as their drivers, and are served)"
+            ))
+        }
         Ok(Err(e)) => return Err(format!("the upstream does not answer: {e}")),
         Err(_) => return Err("the upstream does not answer within 2 s".into()),
     }

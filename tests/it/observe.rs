@@ -268,3 +268,35 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
     }
     assert_eq!(differences(&m), 1.0, "{m}");
 }
+
+/// A proxy whose own connection (the name store's) cannot authenticate:
+/// `/readyz` says so and why, while a driver with its own credentials
+/// still gets answers for what needs no store, through the same proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_store_connection_that_cannot_authenticate() {
+    let Some(up) = common::auth_upstream() else {
+        return; // an external upstream: its credentials are not ours to spoil
+    };
+    let mut config = common::proxy_config(&format!(
+        "mongodb://laconic:wrong-pw@{}/?authSource=admin",
+        up.host
+    ));
+    config.tokenize.min_len = 4;
+    config.metrics_listen = Some("127.0.0.1:0".into());
+    let proxy = common::start(config).await;
+    let (status, body) = get(proxy.metrics_addr.unwrap(), "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("authenticat"), "{body}");
+    assert!(body.contains("own connection"), "{body}");
+    let driver = mongodb::Client::with_uri_str(format!(
+        "mongodb://laconic:s3cret-pw@{}/?authSource=admin&retryWrites=false",
+        proxy.addr
+    ))
+    .await
+    .unwrap();
+    driver
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap();
+}
