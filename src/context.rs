@@ -43,9 +43,11 @@ pub struct ProxyContext {
 
 impl ProxyContext {
     pub async fn new(config: ProxyConfig) -> std::io::Result<ProxyContext> {
-        let upstream = UpstreamAddr::parse(&config.upstream)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        if upstream.hosts.len() > 1 {
+        let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+        let upstream = UpstreamAddr::new(&config.upstream, config.dns_server())
+            .await
+            .map_err(|e| invalid(format!("upstream URI: {e}")))?;
+        if !upstream.topology.is_single() {
             // Sessions open on the right host from the first one on.
             upstream
                 .topology
@@ -58,7 +60,7 @@ impl ProxyContext {
             Some(dir) => Some(CaptureDir::create(dir)?),
             None => None,
         };
-        let own = own_client(&config.upstream).await?;
+        let own = own_client(&driver_uri(&config.upstream, config.dns_server()).await?).await?;
         let shadow = match &config.shadow {
             Some(s) => Some(Arc::new(
                 crate::observe::Shadow::connect(&s.uri, s.sample)
@@ -101,6 +103,28 @@ impl ProxyContext {
     }
 }
 
+/// The URI the proxy's own drivers use for `uri`. A `mongodb+srv://` URI
+/// is theirs to look up, with the system's resolver, and to look up again;
+/// when the proxy's lookups go to a DNS server of their own (`dns_server`),
+/// which a driver cannot be pointed at, they get the hosts it lists.
+async fn driver_uri(uri: &str, dns: Option<std::net::SocketAddr>) -> std::io::Result<String> {
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let srv = crate::config::uri::ConnectionString::parse(uri)
+        .map_err(invalid)?
+        .srv;
+    match (srv, dns) {
+        (Some(name), Some(_)) => {
+            let seeds = crate::upstream::srv::Resolver::new(dns)
+                .map_err(invalid)?
+                .seedlist(&name)
+                .await
+                .map_err(invalid)?;
+            Ok(crate::upstream::srv::plain_uri(uri, &seeds))
+        }
+        _ => Ok(uri.to_owned()),
+    }
+}
+
 /// A client that gives up on the upstream after 2 s, for readiness checks.
 async fn own_client(uri: &str) -> std::io::Result<mongodb::Client> {
     let invalid = |e: mongodb::error::Error| {
@@ -125,7 +149,11 @@ async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
     if !policies.is_active() {
         return Ok(None);
     }
-    let uri = t.store_uri.as_deref().unwrap_or(&config.upstream);
+    let uri = driver_uri(
+        t.store_uri.as_deref().unwrap_or(&config.upstream),
+        config.dns_server(),
+    )
+    .await?;
     let client = mongodb::Client::with_uri_str(uri).await.map_err(|e| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,

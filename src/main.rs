@@ -324,7 +324,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     init_tracing(LogFormat::Text, "warn");
-    let target = UpstreamAddr::parse(&args.target).map_err(anyhow::Error::msg)?;
+    let target = UpstreamAddr::new(&args.target, None)
+        .await
+        .map_err(anyhow::Error::msg)?;
     let mut differing = 0;
     for file in &args.files {
         let records = laconic::capture::read_capture(file)?;

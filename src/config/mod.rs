@@ -154,8 +154,13 @@ fn default_shadow_sample() -> f64 {
 pub struct ProxyConfig {
     /// Address to accept drivers on (`127.0.0.1:0` picks a free port).
     pub listen: String,
-    /// The upstream deployment, as a `mongodb://` URI.
+    /// The upstream deployment, as a `mongodb://` or `mongodb+srv://` URI.
     pub upstream: String,
+    /// The DNS server `mongodb+srv://` names are looked up with (`IP:PORT`;
+    /// unset: the system's resolver).
+    pub dns_server: Option<String>,
+    /// How often a `mongodb+srv://` name's records are looked up again.
+    pub srv_rescan_ms: u64,
     /// Downstream connections served at once; further ones are closed at accept.
     pub max_connections: usize,
     /// Time allowed to open the upstream connection.
@@ -294,6 +299,8 @@ impl Default for ProxyConfig {
         ProxyConfig {
             listen: "127.0.0.1:27018".into(),
             upstream: "mongodb://127.0.0.1:27017/".into(),
+            dns_server: None,
+            srv_rescan_ms: 60_000,
             max_connections: 4096,
             connect_timeout_ms: 10_000,
             handshake_timeout_ms: 10_000,
@@ -380,6 +387,18 @@ impl Config {
         }
         uri::ConnectionString::parse(&p.upstream)
             .map_err(|e| invalid("proxy.upstream", p.upstream.clone(), &e))?;
+        if let Some(d) = &p.dns_server {
+            if d.parse::<SocketAddr>().is_err() {
+                return Err(invalid("proxy.dns_server", d.clone(), "expected IP:PORT"));
+            }
+        }
+        if p.srv_rescan_ms < 1000 {
+            return Err(invalid(
+                "proxy.srv_rescan_ms",
+                p.srv_rescan_ms.to_string(),
+                "must be at least 1000",
+            ));
+        }
         if p.tls.mode != TlsMode::Disabled
             && (p.tls.cert_file.is_none() || p.tls.key_file.is_none())
         {
@@ -531,6 +550,10 @@ impl TokenizeConfig {
 }
 
 impl ProxyConfig {
+    /// The DNS server of `dns_server` (checked by [`Config::validate`]).
+    pub fn dns_server(&self) -> Option<SocketAddr> {
+        self.dns_server.as_deref().and_then(|d| d.parse().ok())
+    }
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
     }

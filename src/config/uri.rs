@@ -1,11 +1,15 @@
-//! Connection strings: the hosts an upstream URI names, and its TLS options.
+//! Connection strings: the hosts an upstream URI names (or the DNS name
+//! that lists them, for `mongodb+srv://`), and its TLS options.
 
 use std::path::PathBuf;
 
 /// The hosts named by a `mongodb://` URI, and its TLS options.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectionString {
+    /// `host:port` each; empty for `mongodb+srv://` until it is resolved.
     pub hosts: Vec<String>,
+    /// For `mongodb+srv://`: the name whose SRV records list the hosts.
+    pub srv: Option<SrvName>,
     pub tls: TlsOptions,
     /// `heartbeatFrequencyMS`: how often the hosts' roles are checked.
     pub heartbeat_ms: Option<u64>,
@@ -24,9 +28,23 @@ pub struct TlsOptions {
     pub insecure: bool,
 }
 
+/// The DNS name of a `mongodb+srv://` URI, and how its SRV records are read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SrvName {
+    /// The URI's one host: SRV records are looked up at
+    /// `_{service}._tcp.{host}`, and TXT records at `host`.
+    pub host: String,
+    /// `srvServiceName` (`mongodb`).
+    pub service: String,
+    /// `srvMaxHosts`: at most this many hosts, chosen at random (0: all).
+    pub max_hosts: usize,
+}
+
 impl TlsOptions {
-    /// Reads the TLS options of a URI's query (`a=1&b=2`).
-    fn parse(query: &str) -> Result<TlsOptions, String> {
+    /// Reads the TLS options of a URI's query (`a=1&b=2`); without `tls`,
+    /// `ssl` or any other TLS option, TLS is `by_default` (on for
+    /// `mongodb+srv://`, as in drivers).
+    fn parse(query: &str, by_default: bool) -> Result<TlsOptions, String> {
         let mut o = TlsOptions::default();
         let flag = |k: &str, v: &str| match v {
             "true" => Ok(true),
@@ -59,7 +77,7 @@ impl TlsOptions {
                 return Err("tls=false contradicts the other TLS options".into())
             }
             Some(e) => e,
-            None => implied,
+            None => implied || by_default,
         };
         Ok(o)
     }
@@ -155,8 +173,8 @@ const OPTIONS: &[(&str, OptionUse)] = {
         ("connecttimeoutms", Refused("set connect_timeout_ms in [proxy] instead: it times every upstream connection, the sessions' included")),
         ("compressors", Refused("set upstream_compressors in [proxy] instead: it compresses every upstream connection, the sessions' included")),
         ("loadbalanced", Refused("load-balanced mode is not supported: name the mongos hosts in the URI, and the proxy spreads sessions over them")),
-        ("srvmaxhosts", Refused("mongodb+srv:// is not supported; list the hosts explicitly")),
-        ("srvservicename", Refused("mongodb+srv:// is not supported; list the hosts explicitly")),
+        ("srvmaxhosts", Everywhere),
+        ("srvservicename", Everywhere),
         ("proxyhost", Refused("a SOCKS5 proxy on the upstream leg is not supported")),
         ("proxyport", Refused("a SOCKS5 proxy on the upstream leg is not supported")),
         ("proxyusername", Refused("a SOCKS5 proxy on the upstream leg is not supported")),
@@ -189,42 +207,36 @@ fn check_options(query: &str) -> Result<(), String> {
 }
 
 impl ConnectionString {
-    /// Parses `mongodb://[user:pass@]host[:port][,host…][/db][?options]`.
-    /// Credentials and options are the driver's business, not the proxy's:
-    /// authentication passes through the proxy unchanged.
+    /// Parses `mongodb://[user:pass@]host[:port][,host…][/db][?options]`,
+    /// or `mongodb+srv://[user:pass@]name[/db][?options]`. Credentials and
+    /// options are the driver's business, not the proxy's: authentication
+    /// passes through the proxy unchanged.
     pub fn parse(uri: &str) -> Result<ConnectionString, String> {
-        if uri.starts_with("mongodb+srv://") {
-            return Err("mongodb+srv:// is not supported; list the hosts explicitly".into());
-        }
-        let rest = uri
-            .strip_prefix("mongodb://")
-            .ok_or("expected a mongodb:// URI")?;
+        let (rest, is_srv) = match uri.strip_prefix("mongodb+srv://") {
+            Some(rest) => (rest, true),
+            None => (
+                uri.strip_prefix("mongodb://")
+                    .ok_or("expected a mongodb:// or mongodb+srv:// URI")?,
+                false,
+            ),
+        };
         let authority = rest.split(['/', '?']).next().unwrap_or_default();
         let hosts_part = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-        let hosts: Vec<String> = hosts_part
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| {
-                if h.starts_with('[')
-                    || h.rsplit_once(':')
-                        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-                {
-                    h.to_owned()
-                } else {
-                    format!("{h}:27017")
-                }
-            })
-            .collect();
-        if hosts.is_empty() {
+        let named: Vec<&str> = hosts_part.split(',').filter(|h| !h.is_empty()).collect();
+        if named.is_empty() {
             return Err("the URI names no host".into());
         }
         let query = rest.split_once('?').map_or("", |(_, q)| q);
         check_options(query)?;
-        let heartbeat_ms = query
-            .split('&')
-            .filter_map(|p| p.split_once('='))
-            .find(|(k, _)| k.eq_ignore_ascii_case("heartbeatFrequencyMS"))
-            .map(|(_, v)| {
+        let option = |name: &str| {
+            query
+                .split('&')
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v)
+        };
+        let heartbeat_ms = option("heartbeatFrequencyMS")
+            .map(|v| {
                 v.parse::<u64>()
                     .ok()
                     .filter(|&ms| ms >= 500)
@@ -233,10 +245,76 @@ impl ConnectionString {
                     })
             })
             .transpose()?;
+        let srv = if is_srv {
+            Some(SrvName::parse(&named, option)?)
+        } else {
+            if option("srvServiceName").is_some() || option("srvMaxHosts").is_some() {
+                return Err("srvServiceName and srvMaxHosts belong to mongodb+srv:// URIs".into());
+            }
+            None
+        };
+        let hosts = match srv {
+            Some(_) => Vec::new(),
+            None => named
+                .iter()
+                .map(|h| {
+                    if h.starts_with('[')
+                        || h.rsplit_once(':')
+                            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+                    {
+                        (*h).to_owned()
+                    } else {
+                        format!("{h}:27017")
+                    }
+                })
+                .collect(),
+        };
         Ok(ConnectionString {
             hosts,
-            tls: TlsOptions::parse(query)?,
+            tls: TlsOptions::parse(query, is_srv)?,
+            srv,
             heartbeat_ms,
+        })
+    }
+}
+
+impl SrvName {
+    /// The one host of a `mongodb+srv://` URI, with its SRV options, checked
+    /// as the connection string specification says.
+    fn parse<'q>(
+        named: &[&str],
+        option: impl Fn(&str) -> Option<&'q str>,
+    ) -> Result<SrvName, String> {
+        let [host] = named else {
+            return Err("a mongodb+srv:// URI names exactly one host".into());
+        };
+        if host.contains(':') {
+            return Err(format!(
+                "{host}: a mongodb+srv:// host has no port (the SRV records give each host's)"
+            ));
+        }
+        if host.split('.').count() < 2 || host.split('.').any(str::is_empty) {
+            return Err(format!(
+                "{host}: a mongodb+srv:// host is a domain name of at least two labels"
+            ));
+        }
+        if option("directConnection") == Some("true") {
+            return Err("directConnection=true cannot be used with mongodb+srv://".into());
+        }
+        let max_hosts = match option("srvMaxHosts") {
+            None => 0,
+            Some(v) => v
+                .parse::<usize>()
+                .map_err(|_| format!("srvMaxHosts={v}: expected a number of hosts"))?,
+        };
+        if max_hosts > 0 && option("replicaSet").is_some() {
+            return Err("srvMaxHosts cannot be used with replicaSet: a replica set's members are all needed to find its primary".into());
+        }
+        let service = option("srvServiceName").map_or_else(|| "mongodb".to_owned(), percent_decode);
+        Ok(SrvName {
+            host: host.to_ascii_lowercase(),
+            service,
+            max_hosts,
         })
     }
 }
@@ -249,7 +327,10 @@ mod tests {
     fn uri_hosts() {
         let a = ConnectionString::parse("mongodb://u:p@h1:1,h2/db?replicaSet=x").unwrap();
         assert_eq!(a.hosts, vec!["h1:1", "h2:27017"]);
-        assert!(ConnectionString::parse("mongodb+srv://x").is_err());
+        assert!(
+            ConnectionString::parse("mongodb+srv://x").is_err(),
+            "one label"
+        );
         assert!(ConnectionString::parse("http://x").is_err());
         assert!(ConnectionString::parse("mongodb:///db").is_err());
         assert!(!a.tls.enabled);
@@ -281,6 +362,57 @@ mod tests {
         assert!(ConnectionString::parse("mongodb://h/?tls=false&tlsInsecure=true").is_err());
         assert!(ConnectionString::parse("mongodb://h/?tls=yes").is_err());
         assert!(ConnectionString::parse("mongodb://h/?tlsCertificateKeyFilePassword=x").is_err());
+    }
+
+    #[test]
+    fn srv_uris_name_one_host_without_a_port_and_turn_tls_on() {
+        let c = ConnectionString::parse(
+            "mongodb+srv://u:p@Cluster0.Example.com/db?srvServiceName=mdb&srvMaxHosts=2",
+        )
+        .unwrap();
+        assert_eq!(
+            c.srv,
+            Some(SrvName {
+                host: "cluster0.example.com".into(),
+                service: "mdb".into(),
+                max_hosts: 2,
+            })
+        );
+        assert!(c.hosts.is_empty(), "the hosts come from DNS");
+        assert!(c.tls.enabled, "mongodb+srv:// turns TLS on by default");
+        assert!(
+            !ConnectionString::parse("mongodb+srv://c.example.com/?tls=false")
+                .unwrap()
+                .tls
+                .enabled
+        );
+        for (uri, named) in [
+            (
+                "mongodb+srv://a.example.com,b.example.com",
+                "exactly one host",
+            ),
+            ("mongodb+srv://c.example.com:27017", "has no port"),
+            ("mongodb+srv://localhost", "at least two labels"),
+            (
+                "mongodb+srv://c.example.com/?directConnection=true",
+                "directConnection=true",
+            ),
+            (
+                "mongodb+srv://c.example.com/?srvMaxHosts=1&replicaSet=rs0",
+                "srvMaxHosts cannot be used with replicaSet",
+            ),
+            (
+                "mongodb+srv://c.example.com/?srvMaxHosts=x",
+                "srvMaxHosts=x",
+            ),
+            (
+                "mongodb://h/?srvServiceName=x",
+                "srvServiceName and srvMaxHosts belong",
+            ),
+        ] {
+            let err = ConnectionString::parse(uri).unwrap_err();
+            assert!(err.contains(named), "{uri}: {err}");
+        }
     }
 
     #[test]

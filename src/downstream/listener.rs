@@ -105,7 +105,14 @@ impl Proxy {
             );
         }
         let upstream = &self.ctx.upstream;
-        if upstream.hosts.len() > 1 {
+        if upstream.srv.is_some() {
+            // The hosts of a mongodb+srv:// URI may change.
+            self.shutdown.tracker().spawn(upstream.clone().rescan(
+                Duration::from_millis(self.ctx.config.srv_rescan_ms),
+                self.shutdown.clone(),
+            ));
+        }
+        if upstream.srv.is_some() || !upstream.topology.is_single() {
             // Which host is the primary, which mongos hosts answer.
             self.shutdown
                 .tracker()

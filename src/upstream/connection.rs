@@ -1,5 +1,6 @@
 //! Opening the upstream connection of one session.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -7,8 +8,9 @@ use futures::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
+use super::srv::{Resolver, Seedlist};
 use super::topology::Topology;
-use crate::config::uri::ConnectionString;
+use crate::config::uri::{ConnectionString, SrvName};
 use crate::error::ProxyError;
 use crate::tls::{ClientTls, Stream};
 use crate::wire::{Compressor, Frame, MessageCodec};
@@ -16,28 +18,73 @@ use crate::wire::{Compressor, Frame, MessageCodec};
 /// One session's framed upstream connection.
 pub type UpstreamConn = Framed<Stream, MessageCodec>;
 
-/// Where upstream legs go: the hosts of the upstream URI, over TLS when the
-/// URI asks for it (read once: its files are loaded here), in the order
-/// their [`Topology`] says.
+/// Where upstream legs go: the hosts of the upstream URI (or of its SRV
+/// records), over TLS when the URI asks for it (read once: its files are
+/// loaded here), in the order their [`Topology`] says.
 #[derive(Clone, Debug)]
 pub struct UpstreamAddr {
-    pub hosts: Vec<String>,
     pub tls: Option<Arc<ClientTls>>,
     pub topology: Arc<Topology>,
     /// How often the topology is checked (`heartbeatFrequencyMS`, 10 s).
     pub heartbeat: Duration,
+    /// For `mongodb+srv://`: where the hosts come from.
+    pub srv: Option<Arc<SrvSource>>,
+}
+
+/// The DNS name a `mongodb+srv://` URI names, the resolver it is looked up
+/// with, and what the first lookup found.
+#[derive(Debug)]
+pub struct SrvSource {
+    pub name: SrvName,
+    pub resolver: Resolver,
+    pub first: Seedlist,
 }
 
 impl UpstreamAddr {
-    pub fn parse(uri: &str) -> Result<UpstreamAddr, String> {
+    /// The upstream of `uri`; a `mongodb+srv://` one is looked up with the
+    /// system's resolver, or the DNS server at `dns`.
+    pub async fn new(uri: &str, dns: Option<SocketAddr>) -> Result<UpstreamAddr, String> {
         let c = ConnectionString::parse(uri)?;
         let tls = ClientTls::from_options(&c.tls).map_err(|e| e.to_string())?;
+        let (hosts, srv) = match c.srv {
+            None => (c.hosts, None),
+            Some(name) => {
+                let resolver = Resolver::new(dns)?;
+                let first = resolver.seedlist(&name).await?;
+                (
+                    first.hosts.clone(),
+                    Some(Arc::new(SrvSource {
+                        name,
+                        resolver,
+                        first,
+                    })),
+                )
+            }
+        };
         Ok(UpstreamAddr {
-            topology: Arc::new(Topology::new(c.hosts.len())),
-            hosts: c.hosts,
+            topology: Arc::new(Topology::new(hosts)),
             tls,
             heartbeat: Duration::from_millis(c.heartbeat_ms.unwrap_or(10_000)),
+            srv,
         })
+    }
+
+    /// Looks the SRV records up again every `every` until `shutdown`; new
+    /// sessions follow the hosts they list. A failed lookup keeps the hosts
+    /// known (as drivers do).
+    pub async fn rescan(self, every: Duration, shutdown: crate::shutdown::Shutdown) {
+        let Some(srv) = &self.srv else { return };
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.triggered() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            match srv.resolver.seedlist(&srv.name).await {
+                Ok(seeds) => self.topology.set_hosts(seeds.hosts),
+                Err(e) => tracing::warn!(srv = srv.name.host, "{e}; the hosts known are kept"),
+            }
+        }
     }
 }
 
@@ -71,19 +118,20 @@ pub async fn connect(
     max_message_size: usize,
 ) -> Result<UpstreamConn, ProxyError> {
     let mut last = String::from("no host tried");
-    for i in addr.topology.order() {
-        match connect_host(addr, &addr.hosts[i], timeout, max_message_size).await {
+    let order = addr.topology.order();
+    for host in &order {
+        match connect_host(addr, host, timeout, max_message_size).await {
             Ok(conn) => return Ok(conn),
             Err(e) => {
-                if addr.hosts.len() > 1 {
-                    addr.topology.down(i);
+                if order.len() > 1 {
+                    addr.topology.down(host);
                 }
                 last = e;
             }
         }
     }
     Err(ProxyError::UpstreamUnavailable {
-        addr: addr.hosts.join(","),
+        addr: order.join(","),
         reason: last,
     })
 }

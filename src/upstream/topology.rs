@@ -39,33 +39,41 @@ pub enum Role {
     Down,
 }
 
-/// The roles of the upstream's hosts.
+/// One host of the upstream, and what the last `hello` said of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Host {
+    name: String,
+    role: Role,
+    rtt: Option<Duration>,
+}
+
+/// The upstream's hosts (those of its URI, or of its SRV records, which may
+/// change) and their roles.
 #[derive(Debug)]
 pub struct Topology {
-    roles: RwLock<Vec<(Role, Option<Duration>)>>,
+    hosts: RwLock<Vec<Host>>,
     /// Turns mongos hosts take new sessions in.
     turn: AtomicUsize,
     check_now: Notify,
 }
 
 impl Topology {
-    pub fn new(hosts: usize) -> Topology {
+    pub fn new(hosts: Vec<String>) -> Topology {
         Topology {
-            roles: RwLock::new(vec![(Role::Unknown, None); hosts]),
+            hosts: RwLock::new(hosts.into_iter().map(Host::unknown).collect()),
             turn: AtomicUsize::new(0),
             check_now: Notify::new(),
         }
     }
 
-    /// The order in which a new session tries the hosts (indexes into the
-    /// URI's list): the primary, or the healthy mongos hosts starting with
-    /// the next in turn, or standalone servers; then hosts not checked yet;
-    /// then the rest, so that a session still gets a real error.
-    pub fn order(&self) -> Vec<usize> {
-        let roles = self.roles.read();
-        let n = roles.len();
-        let of = |want: &[Role]| -> Vec<usize> {
-            (0..n).filter(|&i| want.contains(&roles[i].0)).collect()
+    /// The order in which a new session tries the hosts: the primary, or
+    /// the healthy mongos hosts starting with the next in turn, or
+    /// standalone servers; then hosts not checked yet; then the rest, so
+    /// that a session still gets a real error.
+    pub fn order(&self) -> Vec<String> {
+        let hosts = self.hosts.read();
+        let of = |want: &[Role]| -> Vec<&Host> {
+            hosts.iter().filter(|h| want.contains(&h.role)).collect()
         };
         let mut first = of(&[Role::Primary]);
         if first.is_empty() {
@@ -76,19 +84,48 @@ impl Topology {
             }
             first = serving;
         }
-        let mut order = first;
-        order.extend(of(&[Role::Unknown]));
-        for i in 0..n {
-            if !order.contains(&i) {
-                order.push(i);
+        let mut order: Vec<String> = first.into_iter().map(|h| h.name.clone()).collect();
+        order.extend(of(&[Role::Unknown]).into_iter().map(|h| h.name.clone()));
+        for h in hosts.iter() {
+            if !order.contains(&h.name) {
+                order.push(h.name.clone());
             }
         }
         order
     }
 
+    /// The hosts, in the order they were given.
+    pub fn hosts(&self) -> Vec<String> {
+        self.hosts.read().iter().map(|h| h.name.clone()).collect()
+    }
+
     /// The roles, as last seen (for `/readyz` and tests).
     pub fn roles(&self) -> Vec<Role> {
-        self.roles.read().iter().map(|r| r.0).collect()
+        self.hosts.read().iter().map(|h| h.role).collect()
+    }
+
+    /// Whether there is one host alone.
+    pub fn is_single(&self) -> bool {
+        self.hosts.read().len() == 1
+    }
+
+    /// Replaces the hosts (the SRV records changed); those kept keep their
+    /// roles, new ones are checked at once.
+    pub fn set_hosts(&self, names: Vec<String>) {
+        let mut hosts = self.hosts.write();
+        if hosts.iter().map(|h| &h.name).eq(names.iter()) {
+            return;
+        }
+        tracing::info!(was = ?hosts.iter().map(|h| &h.name).collect::<Vec<_>>(), now = ?names, "the upstream's hosts changed");
+        *hosts = names
+            .into_iter()
+            .map(|n| match hosts.iter().find(|h| h.name == n) {
+                Some(h) => h.clone(),
+                None => Host::unknown(n),
+            })
+            .collect();
+        drop(hosts);
+        self.suspect();
     }
 
     /// Asks for a check now (a host failed, or the primary moved).
@@ -97,30 +134,40 @@ impl Topology {
     }
 
     /// Notes that a host could not be connected to.
-    pub fn down(&self, host: usize) {
-        if let Some(r) = self.roles.write().get_mut(host) {
-            r.0 = Role::Down;
+    pub fn down(&self, host: &str) {
+        if let Some(h) = self.hosts.write().iter_mut().find(|h| h.name == host) {
+            h.role = Role::Down;
         }
         self.suspect();
     }
 
     /// Sends `hello` to every host and notes what each is.
     pub async fn check(&self, addr: &UpstreamAddr, timeout: Duration) {
-        let mut seen = Vec::with_capacity(addr.hosts.len());
-        for host in &addr.hosts {
+        let names = self.hosts();
+        let mut seen = Vec::with_capacity(names.len());
+        for name in names {
             let started = Instant::now();
-            let role = tokio::time::timeout(timeout, hello(addr, host, timeout))
+            let role = tokio::time::timeout(timeout, hello(addr, &name, timeout))
                 .await
                 .ok()
                 .flatten()
                 .unwrap_or(Role::Down);
-            seen.push((role, Some(started.elapsed())));
+            seen.push(Host {
+                name,
+                role,
+                rtt: Some(started.elapsed()),
+            });
         }
-        let mut roles = self.roles.write();
-        if *roles != seen {
-            tracing::info!(hosts = ?addr.hosts, roles = ?seen.iter().map(|r| r.0).collect::<Vec<_>>(), "the upstream's hosts changed roles");
+        let mut hosts = self.hosts.write();
+        for h in hosts.iter_mut() {
+            // A host the SRV records dropped meanwhile is not brought back.
+            if let Some(s) = seen.iter().find(|s| s.name == h.name) {
+                if s.role != h.role {
+                    tracing::info!(host = h.name, was = ?h.role, now = ?s.role, "an upstream host changed role");
+                }
+                *h = s.clone();
+            }
         }
-        *roles = seen;
     }
 
     /// Checks every `every`, or at once when asked, until `shutdown`.
@@ -139,6 +186,16 @@ impl Topology {
                 _ = tokio::time::sleep(every) => {}
             }
             self.check(&addr, timeout).await;
+        }
+    }
+}
+
+impl Host {
+    fn unknown(name: String) -> Host {
+        Host {
+            name,
+            role: Role::Unknown,
+            rtt: None,
         }
     }
 }
@@ -209,22 +266,30 @@ mod tests {
 
     #[test]
     fn sessions_go_to_the_primary_or_in_turn_to_healthy_mongos_hosts() {
-        let t = Topology::new(3);
-        assert_eq!(t.order(), vec![0, 1, 2], "unchecked: URI order");
-        *t.roles.write() = vec![
-            (Role::Secondary, None),
-            (Role::Primary, None),
-            (Role::Down, None),
-        ];
-        assert_eq!(t.order()[0], 1);
-        *t.roles.write() = vec![
-            (Role::Mongos, None),
-            (Role::Down, None),
-            (Role::Mongos, None),
-        ];
-        let firsts: Vec<usize> = (0..4).map(|_| t.order()[0]).collect();
-        assert_eq!(firsts, vec![0, 2, 0, 2]);
-        assert_eq!(t.order().last(), Some(&1), "a down host is tried last");
+        let t = Topology::new(vec!["a".into(), "b".into(), "c".into()]);
+        assert_eq!(t.order(), vec!["a", "b", "c"], "unchecked: URI order");
+        let set = |roles: [Role; 3]| {
+            for (h, r) in t.hosts.write().iter_mut().zip(roles) {
+                h.role = r;
+            }
+        };
+        set([Role::Secondary, Role::Primary, Role::Down]);
+        assert_eq!(t.order()[0], "b");
+        set([Role::Mongos, Role::Down, Role::Mongos]);
+        let firsts: Vec<String> = (0..4).map(|_| t.order()[0].clone()).collect();
+        assert_eq!(firsts, vec!["a", "c", "a", "c"]);
+        assert_eq!(t.order().last().unwrap(), "b", "a down host is tried last");
+    }
+
+    #[test]
+    fn new_hosts_are_unknown_and_kept_ones_keep_their_role() {
+        let t = Topology::new(vec!["a".into(), "b".into()]);
+        t.down("b");
+        t.hosts.write()[0].role = Role::Mongos;
+        t.set_hosts(vec!["b".into(), "c".into()]);
+        assert_eq!(t.hosts(), vec!["b", "c"]);
+        assert_eq!(t.roles(), vec![Role::Down, Role::Unknown]);
+        assert_eq!(t.order(), vec!["c", "b"], "unchecked before down");
     }
 
     #[test]

@@ -75,7 +75,9 @@ async fn captured_sessions_replay_without_differences() {
 
     // Replay against a fresh proxy: same replies (the workload drops its database first).
     let target_proxy = common::proxy().await;
-    let target = UpstreamAddr::parse(&format!("mongodb://{}/", target_proxy.addr)).unwrap();
+    let target = UpstreamAddr::new(&format!("mongodb://{}/", target_proxy.addr), None)
+        .await
+        .unwrap();
     let report = replay(&records, &target, Duration::from_secs(30))
         .await
         .unwrap();
@@ -122,7 +124,9 @@ async fn the_checked_in_captures_replay_cleanly() {
         "proto/ holds captures of real driver traffic"
     );
     let proxy = common::proxy().await;
-    let target = UpstreamAddr::parse(&format!("mongodb://{}/", proxy.addr)).unwrap();
+    let target = UpstreamAddr::new(&format!("mongodb://{}/", proxy.addr), None)
+        .await
+        .unwrap();
     // The recorded replies are SecantusDB's. Another server (LACONIC_TEST_UPSTREAM)
     // may answer some commands differently: there the differences are shown, not failed on.
     let recorded_server = std::env::var("LACONIC_TEST_UPSTREAM").map_or(true, |u| u.is_empty());

@@ -102,9 +102,10 @@ pub fn upstream() -> &'static Upstream {
     static UPSTREAM: OnceLock<Upstream> = OnceLock::new();
     UPSTREAM.get_or_init(|| match std::env::var("LACONIC_TEST_UPSTREAM") {
         Ok(uri) if !uri.is_empty() => {
-            let addr = laconic::upstream::UpstreamAddr::parse(&uri).expect("LACONIC_TEST_UPSTREAM");
+            let c =
+                laconic::config::uri::ConnectionString::parse(&uri).expect("LACONIC_TEST_UPSTREAM");
             Upstream {
-                host: addr.hosts[0].clone(),
+                host: c.hosts.first().expect("a mongodb:// URI").clone(),
                 uri,
                 _process: None,
             }

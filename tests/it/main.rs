@@ -10,6 +10,7 @@ mod cross_db;
 mod deploy;
 mod dictionary;
 mod differential;
+mod dns;
 mod errors;
 mod handshake;
 mod hostile;

@@ -297,3 +297,119 @@ async fn sessions_spread_over_the_mongos_hosts_that_answer() {
         "the host that came back took no session"
     );
 }
+
+/// The SRV name of the tests. The hosts an SRV record lists must lie in
+/// the parent domain of the URI's host, and the relays are at 127.0.0.1,
+/// whose parent "domain" is `0.0.1`: the one loopback name every machine
+/// resolves without a DNS server of its own.
+const SRV_NAME: &str = "cluster0.0.0.1";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn srv_records_list_the_hosts_and_new_sessions_follow_them_when_they_change() {
+    let hosts = relays(&[MONGOS, MONGOS]).await;
+    let dns = crate::dns::Dns::start().await;
+    // A record outside the domain is skipped, as drivers skip it.
+    dns.set_srv(SRV_NAME, &[&hosts[0].addr, "evil.example.com:27017"]);
+    dns.set_txt(SRV_NAME, "authSource=admin");
+    let mut config = common::proxy_config(&format!(
+        "mongodb+srv://{SRV_NAME}/?tls=false&heartbeatFrequencyMS=500"
+    ));
+    config.dns_server = Some(dns.addr.to_string());
+    config.srv_rescan_ms = 1000;
+    config.tokenize.min_len = 4;
+    let proxy = common::start(config).await;
+    let db = db_name("srv", "app");
+    let insert_as_new_client = |i: i32| {
+        let (addr, db) = (proxy.addr, db.clone());
+        async move {
+            let c = mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
+                .await
+                .unwrap()
+                .database(&db)
+                .collection::<Document>("c");
+            c.insert_one(doc! {"i": i, "long_field_name": "tokenized"})
+                .await
+                .unwrap();
+            c
+        }
+    };
+    for i in 0..4 {
+        insert_as_new_client(i).await;
+    }
+    assert!(
+        hosts[0].writes() >= 4,
+        "the SRV record's host took the sessions"
+    );
+    assert_eq!(
+        hosts[1].writes(),
+        0,
+        "a host no record lists took a session"
+    );
+
+    // The records now list the other host: within a rescan or two, new
+    // sessions go there alone.
+    dns.set_srv(SRV_NAME, &[&hosts[1].addr]);
+    let changed = Instant::now();
+    let mut i = 100;
+    while hosts[1].writes() == 0 {
+        assert!(
+            changed.elapsed() < Duration::from_secs(15),
+            "new sessions never followed the SRV records"
+        );
+        insert_as_new_client(i).await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let on_old = hosts[0].writes();
+    for j in 0..4 {
+        insert_as_new_client(1000 + j).await;
+    }
+    assert_eq!(
+        hosts[0].writes(),
+        on_old,
+        "a session went to a host dropped from the records"
+    );
+
+    // A failed lookup (the name is gone) keeps the hosts known.
+    dns.set_srv(SRV_NAME, &[]);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let c = insert_as_new_client(2000).await;
+    // Every document reads back under its names, through the name store's
+    // connection resolved from the same records.
+    let back = common::by_id(&c, doc! {}).await;
+    assert_eq!(back.len(), 4 + (i - 100) as usize + 4 + 1);
+    assert!(back
+        .iter()
+        .all(|d| d.get_str("long_field_name") == Ok("tokenized")));
+    let stored = common::stored(&db, "c").await;
+    assert_eq!(stored.len(), back.len());
+    assert!(
+        stored.iter().all(|d| !d.contains_key("long_field_name")),
+        "the names were not tokenized"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn srv_records_outside_the_domain_or_malformed_txt_stop_the_start_with_the_reason() {
+    let hosts = relays(&[MONGOS]).await;
+    let dns = crate::dns::Dns::start().await;
+    let start = |name: &str| {
+        let mut config = common::proxy_config(&format!("mongodb+srv://{name}/?tls=false"));
+        config.dns_server = Some(dns.addr.to_string());
+        laconic::downstream::Proxy::start(config)
+    };
+    dns.set_srv("c1.0.0.1", &["evil.example.com:27017"]);
+    let err = start("c1.0.0.1").await.unwrap_err().to_string();
+    assert!(err.contains("name no host in the domain 0.0.1"), "{err}");
+
+    dns.set_srv("c2.0.0.1", &[&hosts[0].addr]);
+    dns.set_txt("c2.0.0.1", "w=majority");
+    let err = start("c2.0.0.1").await.unwrap_err().to_string();
+    assert!(err.contains("only authSource and replicaSet"), "{err}");
+
+    let err = start("c3.0.0.1").await.unwrap_err().to_string();
+    assert!(
+        err.contains("SRV lookup of _mongodb._tcp.c3.0.0.1."),
+        "{err}"
+    );
+}

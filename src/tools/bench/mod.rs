@@ -172,8 +172,10 @@ impl Target {
 type Case = (Op, usize, Vec<(&'static str, Measurement)>);
 
 pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
-    let addr = UpstreamAddr::parse(&args.upstream).map_err(crate::tools::Error::from)?;
-    let upstream_host = addr.hosts[0].clone();
+    let addr = UpstreamAddr::new(&args.upstream, None)
+        .await
+        .map_err(crate::tools::Error::from)?;
+    let upstream_host = addr.topology.hosts()[0].clone();
     let tokenizing = |extra: &str| {
         format!(
             "[proxy]\n{extra}\n[proxy.tokenize]\nmin_len = {}\nstore_db = \"laconic_bench_store\"\n",
