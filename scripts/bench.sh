@@ -2,16 +2,25 @@
 # Runs `laconic bench`: the same driver workload directly against an
 # upstream, through Laconic, and through haproxy in TCP mode, in one run.
 #
-#   scripts/bench.sh [--rust-upstream] [laconic bench options…]
+#   scripts/bench.sh [--rust-upstream] [--tls] [laconic bench options…]
 #
 # By default the upstream is the Python SecantusDB of the tests. With
 # --rust-upstream it is SecantusDB's Rust server (`secantusd-rs`, built once
 # into .upstream/rs with `cargo install`, about 8 minutes on 2 cores), which
 # is several times faster and so shows the proxy's own cost more clearly.
+# With --tls a tokenizing Laconic serving drivers over TLS is measured too
+# (certificates made here with openssl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rust=false
-if [ "${1:-}" = "--rust-upstream" ]; then rust=true; shift; fi
+tls=false
+while true; do
+  case "${1:-}" in
+    --rust-upstream) rust=true; shift ;;
+    --tls) tls=true; shift ;;
+    *) break ;;
+  esac
+done
 bash scripts/setup.sh --with-relay
 cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
 
@@ -32,4 +41,15 @@ else
   port=$UPSTREAM_PORT
   echo "upstream: secantusd-py on 127.0.0.1:$port" >&2
 fi
-./target/release/laconic bench proxy --upstream "mongodb://127.0.0.1:$port/" "$@"
+tls_args=()
+if $tls; then
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=bench CA" \
+    -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$work/proxy.key" -out "$work/proxy.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$work/san.ext"
+  openssl x509 -req -in "$work/proxy.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" \
+    -CAcreateserial -days 2 -extfile "$work/san.ext" -out "$work/proxy.pem" 2>/dev/null
+  tls_args=(--tls-cert "$work/proxy.pem" --tls-key "$work/proxy.key" --tls-ca "$work/ca.pem")
+fi
+./target/release/laconic bench proxy --upstream "mongodb://127.0.0.1:$port/" "${tls_args[@]}" "$@"
