@@ -3,9 +3,10 @@
 
 Prints "ready <port>" once the server answers a ping, then waits on stdin: when
 the parent process exits (stdin reaches EOF) the server is stopped, so a test
-run never leaves a server behind.
+run never leaves a server behind. A line "kill" on stdin kills the server
+with SIGKILL instead (a crash, for tests), and the launcher exits.
 
-  upstream.py [--port N] [--auth USER:PASSWORD] [--storage DIR]
+  upstream.py [--port N] [--auth USER:PASSWORD] [--storage DIR] [--sync-on-commit]
               [--tls CERT KEY CA [--require-client-cert]]
 
 With --auth, a user with the root role is created first and the server is
@@ -35,6 +36,7 @@ def free_port():
 
 
 TLS = None  # (cert, key, ca, require client certificates)
+SYNC = False  # every commit synced to disk before it is acknowledged
 
 
 def start(port, storage, auth):
@@ -42,6 +44,8 @@ def start(port, storage, auth):
             "--log-level", "WARNING"]
     if auth:
         args.append("--auth")
+    if SYNC:
+        args.append("--sync-on-commit")
     if TLS:
         cert, key, ca, require = TLS
         args += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-file", ca]
@@ -100,8 +104,10 @@ def main():
     ap.add_argument("--storage", default=None)
     ap.add_argument("--tls", nargs=3, metavar=("CERT", "KEY", "CA"), default=None)
     ap.add_argument("--require-client-cert", action="store_true")
+    ap.add_argument("--sync-on-commit", action="store_true")
     a = ap.parse_args()
-    global TLS
+    global TLS, SYNC
+    SYNC = a.sync_on_commit
     if a.tls:
         TLS = (*a.tls, a.require_client_cert)
     port = a.port or free_port()
@@ -128,7 +134,11 @@ def main():
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        sys.stdin.read()
+        for line in sys.stdin:
+            if line.strip() == "kill":
+                proc.kill()
+                proc.wait()
+                break
     except KeyboardInterrupt:
         pass
     finally:

@@ -84,6 +84,18 @@ impl Upstream {
         }
     }
 
+    /// Kills the server with SIGKILL, as a crash would, and waits for it.
+    pub fn kill(&self) {
+        if let Some(p) = &self._process {
+            let mut child = p.lock();
+            if let Some(mut stdin) = child.stdin.take() {
+                use std::io::Write;
+                let _ = stdin.write_all(b"kill\n");
+            }
+            let _ = child.wait();
+        }
+    }
+
     /// The port the server listens on.
     pub fn port(&self) -> u16 {
         self.host.rsplit_once(':').unwrap().1.parse().unwrap()
@@ -392,14 +404,13 @@ pub async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 /// `laconic serve` as a process, on a free port, with `args` after the
 /// upstream: the child (stdout and stderr piped) and the address it printed.
 pub fn serve_process(args: &[&str]) -> (std::process::Child, String) {
+    serve_process_at(&upstream().uri, args)
+}
+
+/// [`serve_process`] in front of the upstream at `uri`.
+pub fn serve_process_at(uri: &str, args: &[&str]) -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_laconic"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream().uri,
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", uri])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
