@@ -105,3 +105,50 @@ async fn a_silent_client_is_dropped_after_the_handshake_timeout() {
     let closed = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s)).await;
     assert!(matches!(closed, Ok(None)));
 }
+
+/// Slow-loris: connections that send their first message a byte at a time
+/// are closed at the handshake timeout, each costing only its own
+/// connection, while another client is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickling_clients_are_closed_at_the_handshake_timeout_and_others_are_served() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.handshake_timeout_ms = 500;
+    let proxy = common::start(config).await;
+    let mut witness = raw_session(&proxy).await;
+    let hello = op_msg(1, 0, doc! {"hello": 1, "$db": "admin"}).to_bytes();
+    let started = std::time::Instant::now();
+    let lorises: Vec<_> = (0..300)
+        .map(|_| {
+            let (addr, hello) = (proxy.addr, hello.clone());
+            tokio::spawn(async move {
+                let mut s = TcpStream::connect(addr).await.unwrap();
+                for b in hello.iter() {
+                    if s.write_all(&[*b]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // Closed by the proxy, with no reply, before the message is whole.
+                assert!(read_frame(&mut s).await.is_none());
+                started.elapsed()
+            })
+        })
+        .collect();
+    let mut pings = 0;
+    while lorises.iter().any(|l| !l.is_finished()) {
+        ping_ok(&mut witness, 2).await;
+        pings += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "a slow client was never closed"
+        );
+    }
+    let mut slowest = Duration::ZERO;
+    for l in lorises {
+        slowest = slowest.max(l.await.unwrap());
+    }
+    eprintln!("300 trickling clients closed within {slowest:?}; the witness got {pings} answers meanwhile");
+    assert!(pings > 0);
+    // A whole hello takes 50 ms a byte, far past the 500 ms allowed.
+    assert!(slowest < Duration::from_secs(hello.len() as u64 * 50 / 1000));
+}
