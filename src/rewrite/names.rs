@@ -96,7 +96,7 @@ impl Noting<'_> {
 }
 
 impl Names for Noting<'_> {
-    fn token(&self, name: &str) -> Option<Token> {
+    fn token(&self, name: &str) -> Option<&Token> {
         let t = self.inner.token(name);
         if t.is_none() {
             self.note(false, name);

@@ -64,7 +64,7 @@ impl std::fmt::Display for Epoch {
 /// Token lookups for one dictionary, from memory only: what the pure
 /// rewriters use.
 pub trait Names {
-    fn token(&self, name: &str) -> Option<Token>;
+    fn token(&self, name: &str) -> Option<&Token>;
     fn name(&self, token: &[u8]) -> Option<&str>;
     /// The number of a tokenized value (a separate dictionary).
     fn value_token(&self, value: &str) -> Option<u32>;
@@ -327,8 +327,8 @@ impl Default for Dictionary {
 }
 
 impl Names for Dictionary {
-    fn token(&self, name: &str) -> Option<Token> {
-        self.tokens.get(name).copied()
+    fn token(&self, name: &str) -> Option<&Token> {
+        self.tokens.get(name)
     }
     fn name(&self, token: &[u8]) -> Option<&str> {
         match short_slot(token) {
@@ -361,7 +361,7 @@ pub struct Recorder {
 }
 
 impl Names for Recorder {
-    fn token(&self, name: &str) -> Option<Token> {
+    fn token(&self, name: &str) -> Option<&Token> {
         let mut names = self.names.borrow_mut();
         if !names.iter().any(|n| n == name) {
             names.push(name.to_owned());

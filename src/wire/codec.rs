@@ -70,7 +70,17 @@ impl Encoder<Frame> for MessageCodec {
     type Error = CodecError;
 
     fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
-        dst.extend_from_slice(&frame.to_bytes());
+        let bytes = frame.into_bytes();
+        if dst.is_empty() {
+            // The usual case, one frame per write: a frame encoded just now
+            // is handed over as the write buffer, not copied into it.
+            match bytes.try_into_mut() {
+                Ok(owned) => *dst = owned,
+                Err(shared) => dst.extend_from_slice(&shared),
+            }
+        } else {
+            dst.extend_from_slice(&bytes);
+        }
         Ok(())
     }
 }

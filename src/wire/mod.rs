@@ -197,6 +197,15 @@ impl Frame {
         }
     }
 
+    /// [`Frame::to_bytes`], consuming the frame: its original bytes are
+    /// moved out rather than shared.
+    pub fn into_bytes(self) -> Bytes {
+        match self.raw {
+            Some(raw) => raw,
+            None => self.to_bytes(),
+        }
+    }
+
     /// Serializes the frame from its parsed parts, ignoring any original bytes.
     pub fn encode_parts(&self, dst: &mut Vec<u8>) {
         let (id, to) = (self.header.request_id, self.header.response_to);

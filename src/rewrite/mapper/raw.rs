@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use crate::rewrite::walker::{
     as_str, begin, descend, elements, finish, header, string_of, Element, Malformed,
 };
-use crate::token::namespace::{escape, value_bytes, Token, VALUE_SUBTYPE};
+use crate::token::namespace::{escape, value_bytes, VALUE_SUBTYPE};
 use crate::token::{Names, Policy};
 
 /// Tokenizes a stored-to-be document: keys in their scope, values at value
@@ -60,11 +60,11 @@ impl Tokenizer<'_> {
                 continue;
             }
             let key = as_str(e.key)?;
-            let stored = StoredKey::of(parent, key, self.policy, self.names);
+            let stored = stored_key(parent, key, self.policy, self.names);
             parent.push(key);
             let at_value_path =
                 !self.policy.value_paths.is_empty() && self.policy.is_value_path(parent);
-            self.value(e, stored.bytes(), at_value_path, parent, out, depth)?;
+            self.value(e, &stored, at_value_path, parent, out, depth)?;
             parent.pop();
         }
         finish(out, start);
@@ -136,32 +136,22 @@ impl Tokenizer<'_> {
     }
 }
 
-/// A key as stored, built without allocating.
-enum StoredKey<'k> {
-    Plain(&'k str),
-    Token(Token),
-    Escaped(String),
-}
-
-impl<'k> StoredKey<'k> {
-    fn of(parent: &[&str], key: &'k str, policy: &Policy, names: &dyn Names) -> StoredKey<'k> {
-        if policy.tokenizes(parent, key) {
-            if let Some(t) = names.token(key) {
-                return StoredKey::Token(t);
-            }
-        }
-        match escape(key) {
-            Cow::Borrowed(k) => StoredKey::Plain(k),
-            Cow::Owned(k) => StoredKey::Escaped(k),
+/// A key as stored: borrowed (the key itself, or its token in the
+/// dictionary) unless it must be escaped.
+fn stored_key<'a>(
+    parent: &[&str],
+    key: &'a str,
+    policy: &Policy,
+    names: &'a dyn Names,
+) -> Cow<'a, [u8]> {
+    if policy.tokenizes(parent, key) {
+        if let Some(t) = names.token(key) {
+            return Cow::Borrowed(t.as_bytes());
         }
     }
-
-    fn bytes(&self) -> &[u8] {
-        match self {
-            StoredKey::Plain(k) => k.as_bytes(),
-            StoredKey::Token(t) => t.as_bytes(),
-            StoredKey::Escaped(k) => k.as_bytes(),
-        }
+    match escape(key) {
+        Cow::Borrowed(k) => Cow::Borrowed(k.as_bytes()),
+        Cow::Owned(k) => Cow::Owned(k.into_bytes()),
     }
 }
 
