@@ -153,6 +153,8 @@ struct Scope {
     /// To be read again before its next use (the upstream failed or
     /// restarted since it was read).
     stale: std::sync::atomic::AtomicBool,
+    /// Why the last read failed, until one succeeds (for `/readyz`).
+    unreadable: parking_lot::Mutex<Option<String>>,
 }
 
 /// A database's dictionary status, for `/readyz` and `/metrics`.
@@ -163,7 +165,8 @@ pub struct Status {
     pub state: &'static str,
     pub names: usize,
     pub values: usize,
-    /// Why the database is refused, when it is.
+    /// Why the database is refused, when it is: its dictionary failed a
+    /// check, or the last read of it failed.
     pub error: Option<String>,
 }
 
@@ -367,9 +370,11 @@ impl NameStore {
             Ok(r) => r,
             Err(e) => {
                 cell.stale.store(true, Ordering::Release);
+                *cell.unreadable.lock() = Some(format!("its dictionary cannot be read: {e}"));
                 return Err(e);
             }
         };
+        *cell.unreadable.lock() = None;
         self.settle(scope, &cell, state);
         cell.reloads.fetch_add(1, Ordering::Release);
         Ok(trips)
@@ -432,7 +437,7 @@ impl NameStore {
                     values,
                     error: match &state {
                         State::Failed { error, .. } => Some(error.to_string()),
-                        _ => None,
+                        _ => e.value().unreadable.lock().clone(),
                     },
                 }
             })

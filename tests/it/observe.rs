@@ -300,3 +300,80 @@ async fn readyz_names_a_store_connection_that_cannot_authenticate() {
         .await
         .unwrap();
 }
+
+/// A proxy whose own user may not read one database's dictionary: that
+/// database is refused with the reason (nothing is written without its
+/// tokens), `/readyz` names it, and every other database is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dictionary_the_proxys_own_user_cannot_read_is_refused_and_named_on_readyz() {
+    let Some(up) = common::auth_upstream() else {
+        return; // an external upstream: its users are not ours to add
+    };
+    let (allowed, denied) = (db_name("narrow", "ok"), db_name("narrow", "denied"));
+    let root = mongodb::Client::with_uri_str(format!(
+        "mongodb://laconic:s3cret-pw@{}/?authSource=admin&directConnection=true",
+        up.host
+    ))
+    .await
+    .unwrap();
+    let created = root
+        .database("admin")
+        .run_command(doc! {
+            "createUser": "narrow",
+            "pwd": "narrow-pw",
+            "roles": [{"role": "readWrite", "db": &allowed}],
+        })
+        .await;
+    if let Err(e) = created {
+        assert!(e.to_string().contains("already exists"), "{e}");
+    }
+    let mut config = common::proxy_config(&format!(
+        "mongodb://narrow:narrow-pw@{}/?authSource=admin",
+        up.host
+    ));
+    config.tokenize.min_len = 4;
+    config.metrics_listen = Some("127.0.0.1:0".into());
+    let proxy = common::start(config).await;
+    // The application authenticates as itself (root here).
+    let driver = mongodb::Client::with_uri_str(format!(
+        "mongodb://laconic:s3cret-pw@{}/?authSource=admin&retryWrites=false",
+        proxy.addr
+    ))
+    .await
+    .unwrap();
+    let ok = driver.database(&allowed).collection::<Document>("c");
+    ok.insert_one(doc! {"_id": 1, "long_field_name": 1})
+        .await
+        .unwrap();
+    assert_eq!(
+        ok.find_one(doc! {}).await.unwrap(),
+        Some(doc! {"_id": 1, "long_field_name": 1})
+    );
+    let err = driver
+        .database(&denied)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1, "long_field_name": 1})
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("laconic:"), "{err}");
+    assert!(err.contains(&denied), "{err}");
+    let stored = root
+        .database(&denied)
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(
+        stored, None,
+        "a document was written without its dictionary"
+    );
+    driver
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap();
+    let (status, body) = get(proxy.metrics_addr.unwrap(), "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("refusing {denied}")), "{body}");
+}
