@@ -43,7 +43,6 @@ pub struct ProxyContext {
 
 impl ProxyContext {
     pub async fn new(config: ProxyConfig) -> std::io::Result<ProxyContext> {
-        let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
         let upstream = UpstreamAddr::new(&config.upstream, config.dns_server())
             .await
             .map_err(|e| invalid(format!("upstream URI: {e}")))?;
@@ -54,8 +53,7 @@ impl ProxyContext {
                 .check(&upstream, config.connect_timeout())
                 .await;
         }
-        let tls = crate::tls::ServerTls::load(&config.tls)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        let tls = crate::tls::ServerTls::load(&config.tls).map_err(invalid)?;
         let capture = match &config.capture_dir {
             Some(dir) => Some(CaptureDir::create(dir)?),
             None => None,
@@ -65,12 +63,7 @@ impl ProxyContext {
             Some(s) => Some(Arc::new(
                 crate::observe::Shadow::connect(&s.uri, s.sample)
                     .await
-                    .map_err(|e| {
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidInput,
-                            format!("shadow URI: {e}"),
-                        )
-                    })?,
+                    .map_err(|e| invalid(format!("shadow URI: {e}")))?,
             )),
             None => None,
         };
@@ -103,12 +96,16 @@ impl ProxyContext {
     }
 }
 
+/// A setting the proxy cannot start with.
+fn invalid(why: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string())
+}
+
 /// The URI the proxy's own drivers use for `uri`. A `mongodb+srv://` URI
 /// is theirs to look up, with the system's resolver, and to look up again;
 /// when the proxy's lookups go to a DNS server of their own (`dns_server`),
 /// which a driver cannot be pointed at, they get the hosts it lists.
 async fn driver_uri(uri: &str, dns: Option<std::net::SocketAddr>) -> std::io::Result<String> {
-    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
     let srv = crate::config::uri::ConnectionString::parse(uri)
         .map_err(invalid)?
         .srv;
@@ -127,19 +124,14 @@ async fn driver_uri(uri: &str, dns: Option<std::net::SocketAddr>) -> std::io::Re
 
 /// A client that gives up on the upstream after 2 s, for readiness checks.
 async fn own_client(uri: &str) -> std::io::Result<mongodb::Client> {
-    let invalid = |e: mongodb::error::Error| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("upstream URI: {e}"),
-        )
-    };
+    let bad_uri = |e: mongodb::error::Error| invalid(format!("upstream URI: {e}"));
     let mut options = mongodb::options::ClientOptions::parse(uri)
         .await
-        .map_err(invalid)?;
+        .map_err(bad_uri)?;
     options.server_selection_timeout = Some(Duration::from_secs(2));
     options.connect_timeout = Some(Duration::from_secs(2));
     options.app_name = Some("laconic".into());
-    mongodb::Client::with_options(options).map_err(invalid)
+    mongodb::Client::with_options(options).map_err(bad_uri)
 }
 
 /// The name store's client and the tokenization policy, when tokenization is on.
@@ -154,12 +146,9 @@ async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
         config.dns_server(),
     )
     .await?;
-    let client = mongodb::Client::with_uri_str(uri).await.map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("name store client: {e}"),
-        )
-    })?;
+    let client = mongodb::Client::with_uri_str(uri)
+        .await
+        .map_err(|e| invalid(format!("name store client: {e}")))?;
     let store = NameStore::new(client, t.cap, policies.clone())
         .with_legacy(&t.store_db, &t.store_collection);
     Ok(Some(Tokens { policies, store }))
