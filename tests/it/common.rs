@@ -126,6 +126,19 @@ pub fn upstream() -> &'static Upstream {
     })
 }
 
+/// The root user of [`auth_upstream`], as `user:password`.
+pub const ROOT: &str = "laconic:s3cret-pw";
+
+/// A driver authenticated as [`ROOT`] at `addr` (the auth upstream itself,
+/// or a proxy in front of it), with `options` after `authSource=admin`.
+pub async fn as_root(addr: impl std::fmt::Display, options: &str) -> Client {
+    Client::with_uri_str(format!(
+        "mongodb://{ROOT}@{addr}/?authSource=admin&{options}"
+    ))
+    .await
+    .expect("client")
+}
+
 /// A second SecantusDB with SCRAM-SHA-256 on and one root user; `None` when
 /// the tests run against an external upstream (which the test then uses).
 pub fn auth_upstream() -> Option<&'static Upstream> {
@@ -135,7 +148,7 @@ pub fn auth_upstream() -> Option<&'static Upstream> {
             if std::env::var("LACONIC_TEST_UPSTREAM").is_ok_and(|u| !u.is_empty()) {
                 None
             } else {
-                Some(launch(&["--auth", "laconic:s3cret-pw"]))
+                Some(launch(&["--auth", ROOT]))
             }
         })
         .as_ref()

@@ -12,7 +12,7 @@ use crate::common::{self, db_name};
 /// as root.
 async fn secured() -> (String, String, Client) {
     let (host, root) = match common::auth_upstream() {
-        Some(up) => (up.host.clone(), "laconic:s3cret-pw@".to_owned()),
+        Some(up) => (up.host.clone(), format!("{}@", common::ROOT)),
         // An external upstream: its URI carries whatever credentials it needs.
         None => (common::upstream().host.clone(), String::new()),
     };

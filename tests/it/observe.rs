@@ -288,12 +288,7 @@ async fn readyz_names_a_store_connection_that_cannot_authenticate() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("authenticat"), "{body}");
     assert!(body.contains("own connection"), "{body}");
-    let driver = mongodb::Client::with_uri_str(format!(
-        "mongodb://laconic:s3cret-pw@{}/?authSource=admin&retryWrites=false",
-        proxy.addr
-    ))
-    .await
-    .unwrap();
+    let driver = common::as_root(proxy.addr, "retryWrites=false").await;
     driver
         .database("admin")
         .run_command(doc! {"ping": 1})
@@ -310,12 +305,7 @@ async fn a_dictionary_the_proxys_own_user_cannot_read_is_refused_and_named_on_re
         return; // an external upstream: its users are not ours to add
     };
     let (allowed, denied) = (db_name("narrow", "ok"), db_name("narrow", "denied"));
-    let root = mongodb::Client::with_uri_str(format!(
-        "mongodb://laconic:s3cret-pw@{}/?authSource=admin&directConnection=true",
-        up.host
-    ))
-    .await
-    .unwrap();
+    let root = common::as_root(&up.host, "directConnection=true").await;
     let created = root
         .database("admin")
         .run_command(doc! {
@@ -335,12 +325,7 @@ async fn a_dictionary_the_proxys_own_user_cannot_read_is_refused_and_named_on_re
     config.metrics_listen = Some("127.0.0.1:0".into());
     let proxy = common::start(config).await;
     // The application authenticates as itself (root here).
-    let driver = mongodb::Client::with_uri_str(format!(
-        "mongodb://laconic:s3cret-pw@{}/?authSource=admin&retryWrites=false",
-        proxy.addr
-    ))
-    .await
-    .unwrap();
+    let driver = common::as_root(proxy.addr, "retryWrites=false").await;
     let ok = driver.database(&allowed).collection::<Document>("c");
     ok.insert_one(doc! {"_id": 1, "long_field_name": 1})
         .await
