@@ -103,6 +103,15 @@ impl Names for Noting<'_> {
         }
         t
     }
+    fn token_of<'b>(&'b self, name: &'b [u8]) -> Option<(&'b str, &'b Token)> {
+        let t = self.inner.token_of(name);
+        if t.is_none() {
+            if let Ok(name) = std::str::from_utf8(name) {
+                self.note(false, name);
+            }
+        }
+        t
+    }
     fn name(&self, token: &[u8]) -> Option<&str> {
         self.inner.name(token)
     }

@@ -30,6 +30,22 @@ pub struct Element<'a> {
     pub value: &'a [u8],
     /// The whole element as it came: type byte, key, NUL and value.
     pub raw: &'a [u8],
+    /// Where the element starts in its document.
+    pub at: usize,
+}
+
+impl Element<'_> {
+    /// Where the element's value starts in its document.
+    #[inline]
+    pub fn value_at(&self) -> usize {
+        self.at + self.raw.len() - self.value.len()
+    }
+
+    /// Where the element ends in its document.
+    #[inline]
+    pub fn end(&self) -> usize {
+        self.at + self.raw.len()
+    }
 }
 
 /// The elements of one document (or array), given with its length prefix.
@@ -51,7 +67,7 @@ pub fn elements(doc: &[u8]) -> Elements<'_> {
 impl<'a> Iterator for Elements<'a> {
     type Item = Result<Element<'a>, Malformed>;
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         if self.at >= self.end {
             return None;
@@ -74,6 +90,7 @@ impl<'a> Iterator for Elements<'a> {
                     key,
                     value: &doc[value_start..self.at],
                     raw: &doc[start..self.at],
+                    at: start,
                 }))
             }
             Err(e) => {

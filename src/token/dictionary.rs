@@ -65,6 +65,13 @@ impl std::fmt::Display for Epoch {
 /// rewriters use.
 pub trait Names {
     fn token(&self, name: &str) -> Option<&Token>;
+    /// The token of a name given as bytes, with the name as a string: a
+    /// dictionary gives its own copy, so the raw rewriters check the UTF-8
+    /// only of keys it does not hold.
+    fn token_of<'a>(&'a self, name: &'a [u8]) -> Option<(&'a str, &'a Token)> {
+        let name = std::str::from_utf8(name).ok()?;
+        self.token(name).map(|t| (name, t))
+    }
     fn name(&self, token: &[u8]) -> Option<&str>;
     /// The number of a tokenized value (a separate dictionary).
     fn value_token(&self, value: &str) -> Option<u32>;
@@ -110,14 +117,31 @@ fn short_slot(key: &[u8]) -> Option<usize> {
     }
 }
 
+/// A name as the key of a map that is looked up by bytes: it hashes and
+/// compares as its bytes do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct NameKey(Arc<str>);
+
+impl std::hash::Hash for NameKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.as_bytes().hash(state)
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for NameKey {
+    fn borrow(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
 /// A dictionary: its identity, its names and its values.
 #[derive(Clone, Debug)]
 pub struct Dictionary {
     pub epoch: Epoch,
     /// Names per chain document, as the store says.
     pub cap: usize,
-    /// name → token
-    tokens: FxHashMap<Arc<str>, Token>,
+    /// name → token, looked up by the name's bytes
+    tokens: FxHashMap<NameKey, Token>,
     /// token → name
     names: FxHashMap<Token, Arc<str>>,
     /// token → name for the tokens of one or two bytes (the 751 most
@@ -240,7 +264,7 @@ impl Dictionary {
         scope: &str,
     ) -> Result<(), Integrity> {
         for (name, token) in entries {
-            match (self.tokens.get(name.as_str()), self.names.get(token)) {
+            match (self.tokens.get(name.as_bytes()), self.names.get(token)) {
                 (Some(t), _) if t == token => continue,
                 (None, None) => {}
                 _ => {
@@ -261,7 +285,7 @@ impl Dictionary {
                 });
             }
             self.sorted.insert(i, (name.clone(), *token));
-            self.tokens.insert(name.clone(), *token);
+            self.tokens.insert(NameKey(name.clone()), *token);
             if let Some(at) = short_slot(token.as_bytes()) {
                 if self.short.is_empty() {
                     self.short = vec![None; SHORT_SLOTS];
@@ -302,7 +326,7 @@ impl Dictionary {
         let missing = self
             .sorted
             .iter()
-            .filter(|(n, t)| other.tokens.get(n) != Some(t))
+            .filter(|(n, t)| other.tokens.get(n.as_bytes()) != Some(t))
             .count();
         if missing > 0 {
             return Err(format!(
@@ -328,8 +352,13 @@ impl Default for Dictionary {
 
 impl Names for Dictionary {
     fn token(&self, name: &str) -> Option<&Token> {
-        self.tokens.get(name)
+        self.tokens.get(name.as_bytes())
     }
+    #[inline]
+    fn token_of<'a>(&'a self, name: &'a [u8]) -> Option<(&'a str, &'a Token)> {
+        self.tokens.get_key_value(name).map(|(k, t)| (&*k.0, t))
+    }
+    #[inline]
     fn name(&self, token: &[u8]) -> Option<&str> {
         match short_slot(token) {
             Some(at) => self.short.get(at)?.as_deref(),

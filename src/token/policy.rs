@@ -59,7 +59,13 @@ impl Policy {
 
     /// Whether `key`, found under the logical path `parent`, becomes a token.
     pub fn tokenizes(&self, parent: &[&str], key: &str) -> bool {
-        if key.is_empty() || key.starts_with('$') || (parent.is_empty() && key == "_id") {
+        self.tokenizes_key(parent, key.as_bytes())
+    }
+
+    /// [`Policy::tokenizes`] for a key given as bytes.
+    #[inline]
+    pub fn tokenizes_key(&self, parent: &[&str], key: &[u8]) -> bool {
+        if key.is_empty() || key[0] == b'$' || (parent.is_empty() && key == b"_id") {
             return false;
         }
         if self.min_len > 0 && key.len() >= self.min_len {

@@ -58,7 +58,11 @@ fn value_needed(v: &Bson) -> bool {
 }
 
 /// The logical form of a stored key.
-pub fn key<'k>(k: &'k str, names: &'k dyn Names, unknown: &mut Vec<String>) -> Cow<'k, str> {
+pub fn key<'k, N: Names + ?Sized>(
+    k: &'k str,
+    names: &'k N,
+    unknown: &mut Vec<String>,
+) -> Cow<'k, str> {
     if k.as_bytes().first() == Some(&ESCAPE) {
         return Cow::Borrowed(&k[1..]);
     }
@@ -76,7 +80,11 @@ pub fn key<'k>(k: &'k str, names: &'k dyn Names, unknown: &mut Vec<String>) -> C
     )
 }
 
-fn component<'k>(c: &'k str, names: &'k dyn Names, unknown: &mut Vec<String>) -> Cow<'k, str> {
+fn component<'k, N: Names + ?Sized>(
+    c: &'k str,
+    names: &'k N,
+    unknown: &mut Vec<String>,
+) -> Cow<'k, str> {
     match decode(c) {
         Stored::Token(t) => match names.name(t.as_bytes()) {
             Some(name) => Cow::Borrowed(name),
@@ -175,7 +183,11 @@ impl Strings {
 }
 
 /// A string value that spells a path, with its tokens expanded.
-pub(super) fn path_string(s: &str, names: &dyn Names, unknown: &mut Vec<String>) -> Option<String> {
+pub(super) fn path_string<N: Names + ?Sized>(
+    s: &str,
+    names: &N,
+    unknown: &mut Vec<String>,
+) -> Option<String> {
     if !s.bytes().any(|b| starts_token(b) || b == ESCAPE) {
         return None;
     }
@@ -193,14 +205,17 @@ pub(super) fn path_string(s: &str, names: &dyn Names, unknown: &mut Vec<String>)
 }
 
 /// Expands a raw reply whose strings are data.
-pub fn raw_document(doc: &RawDocument, names: &dyn Names) -> Result<RawDocumentBuf, Unreadable> {
+pub fn raw_document<N: Names + ?Sized>(
+    doc: &RawDocument,
+    names: &N,
+) -> Result<RawDocumentBuf, Unreadable> {
     raw_document_with(doc, names, Strings::Data)
 }
 
 /// Expands a raw reply whose string values are read as `strings` says.
-pub fn raw_document_with(
+pub fn raw_document_with<N: Names + ?Sized>(
     doc: &RawDocument,
-    names: &dyn Names,
+    names: &N,
     strings: Strings,
 ) -> Result<RawDocumentBuf, Unreadable> {
     let mut unknown = Unknown::default();
@@ -236,7 +251,7 @@ pub enum Unreadable {
 /// replaced by its name when the dictionary knows it; an escape byte is
 /// dropped. Anything else, unknown tokens included, is left as it is: a
 /// text never names a field it does not name.
-pub fn expand_text(text: &str, names: &dyn Names) -> String {
+pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
     let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len() * 2);
     let mut plain = 0;

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use super::{Strings, Unknown};
 use crate::rewrite::walker::{
-    as_str, begin, descend, elements, finish, header, string_of, string_value, Malformed,
+    as_str, begin, descend, elements, finish, header, string_of, string_value, Element, Malformed,
 };
 use crate::token::namespace::{
     any_part_reserved, starts_token, value_number, ESCAPE, VALUE_SUBTYPE,
@@ -14,9 +14,9 @@ use crate::token::namespace::{
 use crate::token::Names;
 
 /// Expands a reply: every key, value tokens, and strings as `strings` says.
-pub fn expand(
+pub fn expand<N: Names + ?Sized>(
     doc: &[u8],
-    names: &dyn Names,
+    names: &N,
     strings: Strings,
     unknown: &mut Unknown,
     out: &mut Vec<u8>,
@@ -25,12 +25,16 @@ pub fn expand(
 }
 
 /// One dictionary, and what it lacked.
-struct Expander<'a> {
-    names: &'a dyn Names,
+struct Expander<'a, N: ?Sized> {
+    names: &'a N,
     unknown: &'a mut Unknown,
 }
 
-impl Expander<'_> {
+impl<'a, N: Names + ?Sized> Expander<'a, N> {
+    /// Expands one document (or array) into `out`. The bytes of elements
+    /// that stay as they are are not copied one by one: they are copied in
+    /// runs, up to the next element that changes, so a document whose keys
+    /// are plain is one copy.
     fn doc(
         &mut self,
         doc: &[u8],
@@ -41,78 +45,126 @@ impl Expander<'_> {
     ) -> Result<(), Malformed> {
         let names = self.names;
         let start = begin(out);
+        // `doc[..copied]` is in `out` already (its length prefix written anew).
+        let mut copied = 4;
         for e in elements(doc) {
             let e = e?;
-            let (key, inner): (Cow<'_, [u8]>, Strings) = if is_array {
-                (Cow::Borrowed(e.key), strings)
+            let (key, inner) = if is_array {
+                (None, strings)
             } else {
-                let first = e.key.first().copied().unwrap_or(0);
-                let plain = first != ESCAPE && !starts_token(first) && !e.key.contains(&b'.');
-                if plain && strings == Strings::Data {
-                    // The common case: a user key stored as it is, in a document.
-                    (Cow::Borrowed(e.key), strings)
-                } else if let Some(name) = starts_token(first).then(|| names.name(e.key)).flatten()
-                {
-                    // The other common case: a whole key that is a known token.
-                    (Cow::Borrowed(name.as_bytes()), strings.under(name))
-                } else if plain {
-                    let k = as_str(e.key)?;
-                    (Cow::Borrowed(e.key), strings.under(k))
-                } else {
-                    let k = as_str(e.key)?;
-                    let logical = super::key(k, names, &mut self.unknown.names);
-                    let inner = strings.under(&logical);
-                    let bytes = match logical {
-                        Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
-                        Cow::Owned(s) => Cow::Owned(s.into_bytes()),
-                    };
-                    (bytes, inner)
-                }
+                self.key(e.key, strings)?
             };
+            let logical = key.as_deref().unwrap_or(e.key);
             match e.kind {
                 0x03 | 0x04 => {
-                    header(out, e.kind, &key);
+                    match &key {
+                        None => out.extend_from_slice(&doc[copied..e.value_at()]),
+                        Some(k) => {
+                            out.extend_from_slice(&doc[copied..e.at]);
+                            header(out, e.kind, k);
+                        }
+                    }
                     self.doc(e.value, e.kind == 0x04, inner, out, descend(depth)?)?;
+                    copied = e.end();
                 }
                 0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => {
                     let bytes = e.value.get(5..).unwrap_or_default();
                     match value_number(bytes).map(|n| (n, names.value(n))) {
                         Some((_, Some(v))) => {
-                            header(out, 0x02, &key);
+                            out.extend_from_slice(&doc[copied..e.at]);
+                            header(out, 0x02, logical);
                             string_value(out, v);
+                            copied = e.end();
                         }
                         other => {
                             if let Some((n, None)) = other {
                                 self.unknown.values.push(n);
                             }
-                            header(out, e.kind, &key);
-                            out.extend_from_slice(e.value);
+                            rename(doc, &e, key.as_deref(), &mut copied, out);
                         }
                     }
                 }
-                0x02 if (inner == Strings::Paths || &*key == b"errmsg")
+                0x02 if (inner == Strings::Paths || logical == b"errmsg")
                     && e.value[4..].iter().any(|&b| b == ESCAPE || starts_token(b)) =>
                 {
                     let text = string_of(e.value)?;
-                    let expanded = if &*key == b"errmsg" && inner != Strings::Paths {
+                    let expanded = if logical == b"errmsg" && inner != Strings::Paths {
                         Some(super::expand_text(text, names))
                     } else {
                         super::path_string(text, names, &mut self.unknown.names)
                     };
-                    header(out, e.kind, &key);
                     match expanded {
-                        Some(s) => string_value(out, &s),
-                        None => out.extend_from_slice(e.value),
+                        Some(s) => {
+                            out.extend_from_slice(&doc[copied..e.at]);
+                            header(out, e.kind, logical);
+                            string_value(out, &s);
+                            copied = e.end();
+                        }
+                        None => rename(doc, &e, key.as_deref(), &mut copied, out),
                     }
                 }
-                _ => {
-                    header(out, e.kind, &key);
-                    out.extend_from_slice(e.value);
-                }
+                _ => rename(doc, &e, key.as_deref(), &mut copied, out),
             }
         }
+        // The run left, without the final NUL that `finish` writes.
+        out.extend_from_slice(
+            doc.get(copied..doc.len().saturating_sub(1))
+                .unwrap_or_default(),
+        );
         finish(out, start);
         Ok(())
+    }
+
+    /// The logical form of a document's key (`None`: the key as it is),
+    /// and how strings under it are read.
+    #[inline]
+    fn key<'k>(
+        &mut self,
+        stored: &'k [u8],
+        strings: Strings,
+    ) -> Result<(Renamed<'k>, Strings), Malformed>
+    where
+        'a: 'k,
+    {
+        let names: &'a N = self.names;
+        let first = stored.first().copied().unwrap_or(0);
+        if starts_token(first) {
+            if let Some(name) = names.name(stored) {
+                // The common case: a whole key that is a known token.
+                return Ok((Some(Cow::Borrowed(name.as_bytes())), strings.under(name)));
+            }
+        }
+        let plain = first != ESCAPE && !starts_token(first) && !stored.contains(&b'.');
+        if plain && strings == Strings::Data {
+            // The other common case: a user key stored as it is, in a document.
+            return Ok((None, strings));
+        }
+        let k = as_str(stored)?;
+        if plain {
+            return Ok((None, strings.under(k)));
+        }
+        let logical = super::key(k, names, &mut self.unknown.names);
+        let inner = strings.under(&logical);
+        let bytes = match logical {
+            Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
+            Cow::Owned(s) => Cow::Owned(s.into_bytes()),
+        };
+        Ok((Some(bytes), inner))
+    }
+}
+
+/// A key's logical form when it is not the key as stored.
+type Renamed<'k> = Option<Cow<'k, [u8]>>;
+
+/// An element whose value stays as it is: nothing to do if its key stays
+/// too (it joins the run being copied); otherwise the run up to it, then
+/// its type and new key, and its value starts the next run.
+#[inline(always)]
+fn rename(doc: &[u8], e: &Element<'_>, key: Option<&[u8]>, copied: &mut usize, out: &mut Vec<u8>) {
+    if let Some(k) = key {
+        out.extend_from_slice(&doc[*copied..e.at]);
+        header(out, e.kind, k);
+        *copied = e.value_at();
     }
 }
 

@@ -14,10 +14,10 @@ use crate::token::{Names, Policy};
 
 /// Tokenizes a stored-to-be document: keys in their scope, values at value
 /// paths as value tokens; everything else copied.
-pub fn tokenize(
+pub fn tokenize<N: Names + ?Sized>(
     doc: &[u8],
     policy: &Policy,
-    names: &dyn Names,
+    names: &N,
     out: &mut Vec<u8>,
 ) -> Result<(), Malformed> {
     Tokenizer { policy, names }.doc(doc, false, &mut Vec::new(), out, 0)
@@ -25,12 +25,12 @@ pub fn tokenize(
 
 /// Tokenizes a document (or an array's documents) found under the logical
 /// path `parent`, as an update's `$set` value is, at depth `depth`.
-pub fn tokenize_under<'d>(
+pub fn tokenize_under<'d, N: Names + ?Sized>(
     doc: &'d [u8],
     is_array: bool,
     parent: &[&'d str],
     policy: &Policy,
-    names: &dyn Names,
+    names: &N,
     out: &mut Vec<u8>,
     depth: usize,
 ) -> Result<(), Malformed> {
@@ -38,12 +38,12 @@ pub fn tokenize_under<'d>(
 }
 
 /// One policy and one dictionary, applied to documents.
-struct Tokenizer<'p> {
+struct Tokenizer<'p, N: ?Sized> {
     policy: &'p Policy,
-    names: &'p dyn Names,
+    names: &'p N,
 }
 
-impl Tokenizer<'_> {
+impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
     fn doc<'d>(
         &self,
         doc: &'d [u8],
@@ -51,7 +51,10 @@ impl Tokenizer<'_> {
         parent: &mut Vec<&'d str>,
         out: &mut Vec<u8>,
         depth: usize,
-    ) -> Result<(), Malformed> {
+    ) -> Result<(), Malformed>
+    where
+        'p: 'd,
+    {
         let start = begin(out);
         for e in elements(doc) {
             let e = e?;
@@ -59,8 +62,7 @@ impl Tokenizer<'_> {
                 self.value(e, e.key, false, parent, out, depth)?;
                 continue;
             }
-            let key = as_str(e.key)?;
-            let stored = stored_key(parent, key, self.policy, self.names);
+            let (key, stored) = self.key(parent, e.key)?;
             parent.push(key);
             let at_value_path =
                 !self.policy.value_paths.is_empty() && self.policy.is_value_path(parent);
@@ -69,6 +71,28 @@ impl Tokenizer<'_> {
         }
         finish(out, start);
         Ok(())
+    }
+
+    /// A key's logical name and its stored form: its token (borrowed from
+    /// the dictionary, which holds the name as a string, so a key it knows
+    /// needs no UTF-8 check of its own), or the key itself, escaped if
+    /// need be.
+    #[inline]
+    fn key<'x>(&self, parent: &[&str], key: &'x [u8]) -> Result<(&'x str, Cow<'x, [u8]>), Malformed>
+    where
+        'p: 'x,
+    {
+        if self.policy.tokenizes_key(parent, key) {
+            if let Some((name, token)) = self.names.token_of(key) {
+                return Ok((name, Cow::Borrowed(token.as_bytes())));
+            }
+        }
+        let key = as_str(key)?;
+        let stored = match escape(key) {
+            Cow::Borrowed(k) => Cow::Borrowed(k.as_bytes()),
+            Cow::Owned(k) => Cow::Owned(k.into_bytes()),
+        };
+        Ok((key, stored))
     }
 
     /// One element's value, under its stored `key`.
@@ -80,7 +104,10 @@ impl Tokenizer<'_> {
         parent: &mut Vec<&'d str>,
         out: &mut Vec<u8>,
         depth: usize,
-    ) -> Result<(), Malformed> {
+    ) -> Result<(), Malformed>
+    where
+        'p: 'd,
+    {
         let v = e.value;
         match e.kind {
             0x02 if at_value_path => match self.names.value_token(string_of(v)?) {
@@ -136,25 +163,6 @@ impl Tokenizer<'_> {
     }
 }
 
-/// A key as stored: borrowed (the key itself, or its token in the
-/// dictionary) unless it must be escaped.
-fn stored_key<'a>(
-    parent: &[&str],
-    key: &'a str,
-    policy: &Policy,
-    names: &'a dyn Names,
-) -> Cow<'a, [u8]> {
-    if policy.tokenizes(parent, key) {
-        if let Some(t) = names.token(key) {
-            return Cow::Borrowed(t.as_bytes());
-        }
-    }
-    match escape(key) {
-        Cow::Borrowed(k) => Cow::Borrowed(k.as_bytes()),
-        Cow::Owned(k) => Cow::Owned(k.into_bytes()),
-    }
-}
-
 /// Whether a document holds a `$each` field.
 fn has_each(doc: &[u8]) -> Result<bool, Malformed> {
     for e in elements(doc) {
@@ -168,10 +176,10 @@ fn has_each(doc: &[u8]) -> Result<bool, Malformed> {
 /// An `insert` with every document tokenized, whether the documents came
 /// in the body's `documents` array or in a kind-1 sequence; everything else
 /// is kept as it was.
-pub fn insert(
+pub fn insert<N: Names + ?Sized>(
     m: &crate::wire::OpMsg,
     policy: &Policy,
-    names: &dyn Names,
+    names: &N,
 ) -> Result<crate::wire::OpMsg, Malformed> {
     use crate::wire::Section;
     let mut out = m.clone();
