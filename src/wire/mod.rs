@@ -139,6 +139,11 @@ impl Frame {
 
     /// Replaces the message; the frame keeps its ids and is re-encoded when sent.
     pub fn with_message(self, message: Message) -> Frame {
+        self.with_same_ids(message)
+    }
+
+    /// A frame with this one's ids and another message, this one kept.
+    pub fn with_same_ids(&self, message: Message) -> Frame {
         Frame::new(self.header.request_id, self.header.response_to, message)
     }
 

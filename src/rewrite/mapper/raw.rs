@@ -181,11 +181,10 @@ pub fn insert<N: Names + ?Sized>(
     policy: &Policy,
     names: &N,
 ) -> Result<crate::wire::OpMsg, Malformed> {
-    use crate::wire::Section;
-    let mut out = m.clone();
-    out.flags = m.flags.without_checksum();
-    for section in &mut out.sections {
-        match section {
+    use crate::wire::{DocumentSequence, OpMsg, Section};
+    let mut sections = Vec::with_capacity(m.sections.len());
+    for section in &m.sections {
+        sections.push(match section {
             Section::Body(b) => {
                 let mut body = Vec::with_capacity(b.len());
                 let start = begin(&mut body);
@@ -211,7 +210,7 @@ pub fn insert<N: Names + ?Sized>(
                     }
                 }
                 finish(&mut body, start);
-                *b = bytes::Bytes::from(body);
+                Section::Body(bytes::Bytes::from(body))
             }
             Section::Sequence(seq) if seq.identifier == "documents" => {
                 // One buffer for the whole batch, each document a slice of it.
@@ -226,15 +225,27 @@ pub fn insert<N: Names + ?Sized>(
                 }
                 let stored = bytes::Bytes::from(stored);
                 let mut start = 0;
-                for (d, end) in seq.documents.iter_mut().zip(ends) {
-                    *d = stored.slice(start..end);
-                    start = end;
-                }
+                let documents = ends
+                    .into_iter()
+                    .map(|end| {
+                        let d = stored.slice(start..end);
+                        start = end;
+                        d
+                    })
+                    .collect();
+                Section::Sequence(DocumentSequence {
+                    identifier: seq.identifier.clone(),
+                    documents,
+                })
             }
-            Section::Sequence(_) => {}
-        }
+            other => other.clone(),
+        });
     }
-    Ok(out)
+    Ok(OpMsg {
+        flags: m.flags.without_checksum(),
+        sections,
+        checksum: None,
+    })
 }
 
 #[cfg(test)]
