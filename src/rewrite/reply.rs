@@ -130,7 +130,7 @@ fn expand_tokens(
     };
     match expansion {
         Expansion::One(db) => {
-            if strings == expand::Strings::Data && !expand::raw::needed(body.as_bytes()) {
+            if !expand::raw::needed_as(body.as_bytes(), strings) {
                 return Ok(None);
             }
             let names = t.store.dictionary(db)?;

@@ -172,17 +172,33 @@ fn rename(doc: &[u8], e: &Element<'_>, key: Option<&[u8]>, copied: &mut usize, o
 /// escaped (or a dotted key holding one), a value token, or an `errmsg`
 /// naming tokens. Malformed input needs nothing (it is forwarded as it is).
 pub fn needed(doc: &[u8]) -> bool {
-    needed_in(doc, false, 0).unwrap_or(false)
+    needed_in(doc, false, None, 0).unwrap_or(false)
 }
 
-fn needed_in(doc: &[u8], is_array: bool, depth: usize) -> Result<bool, Malformed> {
+/// [`needed`] for a reply whose strings are read as `strings`: a write
+/// reply needs it also for an `errInfo` (whose strings spell paths), and is
+/// expanded, and so refused, if malformed; other kinds always are.
+pub fn needed_as(doc: &[u8], strings: Strings) -> bool {
+    match strings {
+        Strings::Data => needed(doc),
+        Strings::Writes => needed_in(doc, false, Some(b"errInfo"), 0).unwrap_or(true),
+        Strings::Paths | Strings::Events => true,
+    }
+}
+
+fn needed_in(
+    doc: &[u8],
+    is_array: bool,
+    paths: Option<&[u8]>,
+    depth: usize,
+) -> Result<bool, Malformed> {
     for e in elements(doc) {
         let e = e?;
-        if !is_array && any_part_reserved(e.key) {
+        if !is_array && (any_part_reserved(e.key) || Some(e.key) == paths) {
             return Ok(true);
         }
         let found = match e.kind {
-            0x03 | 0x04 => needed_in(e.value, e.kind == 0x04, descend(depth)?)?,
+            0x03 | 0x04 => needed_in(e.value, e.kind == 0x04, paths, descend(depth)?)?,
             0x05 => e.value.get(4) == Some(&VALUE_SUBTYPE),
             0x02 if e.key == b"errmsg" => {
                 e.value[4..].iter().any(|&b| b == ESCAPE || starts_token(b))
@@ -194,4 +210,36 @@ fn needed_in(doc: &[u8], is_array: bool, depth: usize) -> Result<bool, Malformed
         }
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{doc, RawDocumentBuf};
+
+    use super::*;
+
+    fn bytes(d: bson::Document) -> Vec<u8> {
+        RawDocumentBuf::from_document(&d).unwrap().into_bytes()
+    }
+
+    #[test]
+    fn a_write_reply_is_expanded_only_if_it_may_name_a_field() {
+        let plain = bytes(doc! {"n": 1, "ok": 1.0});
+        assert!(!needed_as(&plain, Strings::Writes));
+        let dup = bytes(
+            doc! {"n": 0, "writeErrors": [{"index": 0, "code": 11000, "keyValue": {"\u{1}": 1}}], "ok": 1.0},
+        );
+        assert!(needed_as(&dup, Strings::Writes));
+        let message = bytes(doc! {"writeErrors": [{"errmsg": "dup key: { \u{1}: 1 }"}], "ok": 1.0});
+        assert!(needed_as(&message, Strings::Writes));
+        // A validation error's errInfo names properties in strings.
+        let invalid = bytes(
+            doc! {"writeErrors": [{"errInfo": {"details": {"missingProperties": ["\u{1}"]}}}], "ok": 1.0},
+        );
+        assert!(needed_as(&invalid, Strings::Writes));
+        // Malformed: expanded, and so refused, as before.
+        assert!(needed_as(&plain[..plain.len() - 2], Strings::Writes));
+        assert!(!needed_as(&plain, Strings::Data));
+        assert!(needed_as(&plain, Strings::Paths) && needed_as(&plain, Strings::Events));
+    }
 }
