@@ -121,7 +121,7 @@ pub(super) fn request(
     };
     Ok(Rewritten {
         misses: Default::default(),
-        frame: Some(frame.with_same_ids(message)),
+        frame: Some(frame.with_message(message)),
         plan: ReplyPlan::Hello(plan),
     })
 }

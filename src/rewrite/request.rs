@@ -234,7 +234,7 @@ fn rewrite_tokens(
         _ => owned(m, settings, &mut rules, shape, dbs, &misses, one)?,
     };
     Ok(Rewritten {
-        frame: Some(frame.with_same_ids(Message::Msg(msg))),
+        frame: Some(frame.with_message(Message::Msg(msg))),
         plan: ReplyPlan::Rewrite(rules),
         misses: misses.into_inner(),
     })

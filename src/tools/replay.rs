@@ -150,7 +150,7 @@ fn prepare(frame: &Frame, cursors: &HashMap<i64, i64>) -> Result<Frame, ProxyErr
         RawDocumentBuf::from_document(&body).map_err(|e| ProxyError::Internal(e.to_string()))?;
     let mut m = m.clone();
     m.set_body(raw);
-    Ok(frame.with_same_ids(Message::Msg(m)))
+    Ok(frame.with_message(Message::Msg(m)))
 }
 
 fn reply_document(frame: &Frame) -> Document {

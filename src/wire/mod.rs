@@ -137,13 +137,9 @@ impl Frame {
         &self.message
     }
 
-    /// Replaces the message; the frame keeps its ids and is re-encoded when sent.
-    pub fn with_message(self, message: Message) -> Frame {
-        self.with_same_ids(message)
-    }
-
-    /// A frame with this one's ids and another message, this one kept.
-    pub fn with_same_ids(&self, message: Message) -> Frame {
+    /// A frame with this one's ids and another message, re-encoded when
+    /// sent (this one is left as it is).
+    pub fn with_message(&self, message: Message) -> Frame {
         Frame::new(self.header.request_id, self.header.response_to, message)
     }
 
