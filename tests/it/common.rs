@@ -440,3 +440,18 @@ pub fn serve_process_at(uri: &str, args: &[&str]) -> (std::process::Child, Strin
         .to_owned();
     (child, addr)
 }
+
+/// The cluster time just after a session's last operation. A change stream
+/// opened without a start point starts at the upstream's visible tail, which
+/// another test's write still in flight holds back behind writes already
+/// acknowledged; a stream started here sees what comes after that operation
+/// and nothing before it.
+pub fn just_after(session: &mongodb::ClientSession) -> bson::Timestamp {
+    let t = session
+        .operation_time()
+        .expect("the session has seen an operation time");
+    bson::Timestamp {
+        time: t.time,
+        increment: t.increment + 1,
+    }
+}

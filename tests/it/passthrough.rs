@@ -267,8 +267,13 @@ async fn change_streams_through_the_proxy() {
     let proxy = common::proxy().await;
     let client = common::via_proxy(&proxy).await;
     let c = common::fresh(&client, "cs", "proxy").await;
-    c.insert_one(doc! {"_id": 0}).await.unwrap();
-    let mut stream = c.watch().await.unwrap();
+    let mut s = client.start_session().await.unwrap();
+    c.insert_one(doc! {"_id": 0}).session(&mut s).await.unwrap();
+    let mut stream = c
+        .watch()
+        .start_at_operation_time(common::just_after(&s))
+        .await
+        .unwrap();
 
     c.insert_one(doc! {"_id": 1, "custom": {"Favorite Player": "x"}})
         .await

@@ -8,6 +8,7 @@ usage: differential.py PROXY_URI DIRECT_URI DB_PREFIX
 import sys
 
 import pymongo
+from bson import Timestamp
 from pymongo import InsertOne, UpdateOne
 from pymongo.errors import BulkWriteError, ClientBulkWriteException, OperationFailure
 
@@ -41,8 +42,13 @@ def workload(client, side):
     client.drop_database(db.name)
     c = db.players
     out = []
-    c.insert_one({"_id": 0, "seedField": 1})
-    stream = c.watch([{"$match": {"operationType": {"$in": ["insert", "update"]}}}])
+    with client.start_session() as s:
+        c.insert_one({"_id": 0, "seedField": 1}, session=s)
+        # Started just after that insert: a stream opened without a start point
+        # starts at the upstream's visible tail, which a concurrent write
+        # elsewhere can hold behind the insert.
+        after = Timestamp(s.operation_time.time, s.operation_time.inc + 1)
+    stream = c.watch([{"$match": {"operationType": {"$in": ["insert", "update"]}}}], start_at_operation_time=after)
     # An upsert creating several fields at once: the server orders them by name.
     c.update_one(
         {"_id": 1},

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pymongo
+from bson import Timestamp
 from pymongo import monitoring
 
 uri, proxy, upstream = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -79,12 +80,16 @@ with client.start_session() as s:
     with s.start_transaction():
         people.insert_one({"_id": "tx1"}, session=s)
         people.update_one({"_id": 1}, {"$set": {"in_tx": True}}, session=s)
+    # A change stream opened without a start point starts at the upstream's
+    # visible tail, which a concurrent write elsewhere can hold behind the
+    # transaction: the one below starts just after it.
+    after_tx = Timestamp(s.operation_time.time, s.operation_time.inc + 1)
 assert people.find_one({"_id": "tx1"}) == {"_id": "tx1"}
 assert people.find_one({"_id": 1})["in_tx"] is True
 
 # A change stream
 events = []
-with people.watch() as stream:
+with people.watch(start_at_operation_time=after_tx) as stream:
     def write():
         people.insert_one({"_id": "cs", "custom": {"Favorite Player": "x"}})
         people.update_one({"_id": "cs"}, {"$set": {"custom.Favorite Player": "y"}})
