@@ -52,13 +52,22 @@ impl Auth {
 
     /// Learns from the reply to an authentication command.
     pub fn observe(&mut self, command: &str, reply: &RawDocument) {
+        let hello = crate::rewrite::is_hello(command);
+        if !hello
+            && !matches!(
+                command,
+                "saslStart" | "saslContinue" | "authenticate" | "logout"
+            )
+        {
+            return;
+        }
         let ok = matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(x))) if x == 1.0)
             || matches!(reply.get("ok"), Ok(Some(RawBsonRef::Int32(1))));
         let done = |d: &RawDocument| d.get_bool("done").unwrap_or(false);
         let became = match command {
             "saslStart" | "saslContinue" => ok && done(reply),
             "authenticate" => ok,
-            c if crate::rewrite::is_hello(c) => reply
+            _ if hello => reply
                 .get_document("speculativeAuthenticate")
                 .is_ok_and(done),
             "logout" if ok => {

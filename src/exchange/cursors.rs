@@ -19,6 +19,7 @@ use dashmap::DashMap;
 
 use crate::error::ProxyError;
 use crate::rewrite::cursor::{self, Held};
+use crate::rewrite::walker::Fields;
 use crate::rewrite::{CursorFact, CursorKind};
 
 /// Held documents of a cursor nobody asks for go when a server would time
@@ -40,8 +41,8 @@ pub struct Owner {
 impl Owner {
     /// The `lsid.id` bytes of a command body.
     pub fn lsid_of(body: &RawDocument) -> Option<Vec<u8>> {
-        let lsid = body.get_document("lsid").ok()?;
-        Some(lsid.get_binary("id").ok()?.bytes.to_vec())
+        let (_, id) = body.doc_field("lsid")?.field("id")?.binary()?;
+        Some(id.to_vec())
     }
 
     /// Whether `who` may continue (or kill) cursor `id` opened by `self`:

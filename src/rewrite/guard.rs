@@ -6,6 +6,7 @@
 use bson::{RawBsonRef, RawDocument};
 
 use crate::error::ProxyError;
+use crate::rewrite::walker::Fields;
 use crate::token::dictionary::COLLECTION;
 use crate::token::store::MARK_COLLECTION;
 use crate::wire::OpMsg;
@@ -30,8 +31,8 @@ const WRITES: &[&str] = &[
     "emptycapped",
 ];
 
-fn target(v: RawBsonRef<'_>) -> Option<&str> {
-    v.as_str().filter(|c| internal(c))
+fn target(collection: Option<&str>) -> Option<&str> {
+    collection.filter(|c| internal(c))
 }
 
 fn internal(coll: &str) -> bool {
@@ -52,26 +53,23 @@ fn refuse(db: &str, command: &str, coll: &str) -> ProxyError {
 /// Refuses a command that would write a dictionary's collections.
 pub fn check(m: &OpMsg) -> Result<(), ProxyError> {
     let body = m.body();
-    let Some(Ok((name, first))) = body.into_iter().next() else {
+    let Some((name, first)) = body.first().and_then(|e| Some((e.name()?, e.str()))) else {
         return Ok(());
     };
-    let db = body.get_str("$db").unwrap_or_default();
+    let db = body.str_field("$db").unwrap_or_default();
     if WRITES.contains(&name) {
         if let Some(c) = target(first) {
             return Err(refuse(db, name, c));
         }
         if name == "cloneCollectionAsCapped" {
-            if let Some(c) = body.get("toCollection").ok().flatten().and_then(target) {
+            if let Some(c) = target(body.str_field("toCollection")) {
                 return Err(refuse(db, name, c));
             }
         }
     }
     match name {
         "renameCollection" => {
-            for ns in [first.as_str(), body.get_str("to").ok()]
-                .into_iter()
-                .flatten()
-            {
+            for ns in [first, body.str_field("to")].into_iter().flatten() {
                 if let Some(c) = internal_ns(ns) {
                     return Err(refuse(db, name, c));
                 }

@@ -1,13 +1,11 @@
 //! ④ A request: which parts of it change, under which rules, and what its
 //! replies will need.
 
-use bson::RawBsonRef;
-
 use super::catalogue::{self, Replies};
 use super::mapper::splice::GiveUp;
 use super::names::{Misses, Noting};
 use super::shard_key::ReplyNeeds;
-use super::walker::{self, Malformed};
+use super::walker::{self, Fields, Malformed};
 use super::{
     expand, guard, hello, mapper, Command, CursorKind, CursorKinds, Expansion, LegState, ReplyPlan,
     ReplyRules, Rewritten, Settings,
@@ -65,8 +63,7 @@ pub fn token_databases(m: &OpMsg, settings: &Settings) -> Vec<String> {
     let body = m.body();
     if !is_bulk_write(body) {
         return body
-            .get_str("$db")
-            .ok()
+            .str_field("$db")
             .filter(|db| t.policies.applies_to(db))
             .map(str::to_owned)
             .into_iter()
@@ -88,14 +85,12 @@ pub fn written_namespaces(m: &OpMsg) -> Vec<String> {
     if is_bulk_write(body) {
         return bulk_namespaces(m);
     }
-    let db = body.get_str("$db").unwrap_or_default();
+    let db = body.str_field("$db").unwrap_or_default();
     vec![format!("{db}.{}", mapper::collection_of_raw(body))]
 }
 
 fn is_bulk_write(body: &bson::RawDocument) -> bool {
-    body.iter()
-        .next()
-        .is_some_and(|e| e.is_ok_and(|(k, _)| k == "bulkWrite"))
+    body.first().is_some_and(|e| e.key == b"bulkWrite")
 }
 
 fn bulk_namespaces(m: &OpMsg) -> Vec<String> {
@@ -129,16 +124,14 @@ fn rewrite_command(
 ) -> Result<Rewritten, ProxyError> {
     let keys = &settings.shard_keys;
     let body = m.body();
-    let (name, collection) = match body.iter().next() {
-        Some(Ok((n, RawBsonRef::String(c)))) => (n, Some(c)),
-        Some(Ok((n, _))) => (n, None),
-        _ => ("", None),
-    };
+    let first = body.first();
+    let name = first.and_then(|e| e.name()).unwrap_or_default();
+    let collection = first.and_then(|e| e.str());
     let streams = name == "aggregate" && opens_change_stream(body);
     let shape = Shape {
         name,
         collection,
-        concerns: !keys.is_empty() && keys.concerns(name, collection, body.get_str("$db").ok()),
+        concerns: !keys.is_empty() && keys.concerns(name, collection, body.str_field("$db")),
         hide: settings.tokens.is_some() && streams && collection.is_none(),
         streams,
     };
@@ -151,7 +144,7 @@ fn rewrite_command(
         },
         kind,
         get_more: (name == "getMore")
-            .then(|| body.get_i64("getMore").ok())
+            .then(|| body.field("getMore")?.i64())
             .flatten(),
     };
     // A bulkWrite's ops each with their database's dictionary; any other
@@ -312,7 +305,7 @@ fn reply_kind(
         // A cursor is read as its first batch was; one the proxy does not
         // know (opened before a restart, or through another proxy) holds
         // the documents of the getMore's database. A getMore names nothing.
-        let kind = body.get_i64("getMore").ok().and_then(kinds);
+        let kind = body.field("getMore").and_then(|e| e.i64()).and_then(kinds);
         let kind = kind.unwrap_or_else(|| CursorKind {
             strings: expand::Strings::Data,
             expand: dbs.first().map(|db| Expansion::One(db.clone())),
@@ -337,7 +330,7 @@ fn reply_kind(
         };
         return Ok((kind, Some(db.clone())));
     }
-    if body.get_str("$db") == Ok("admin") && name == "aggregate" && opens_change_stream(body) {
+    if body.str_field("$db") == Some("admin") && name == "aggregate" && opens_change_stream(body) {
         return cluster_stream(body, t);
     }
     Ok((CursorKind::default(), None))
@@ -385,7 +378,7 @@ fn hide_dictionaries(cmd: &mut Command) {
 /// How the string values of a command's replies are to be read.
 fn strings_of(name: &str, body: &bson::RawDocument) -> expand::Strings {
     use expand::Strings;
-    if body.get_bool("explain").unwrap_or(false) {
+    if body.field("explain").and_then(|e| e.bool()) == Some(true) {
         return Strings::Paths;
     }
     match catalogue::lookup(name).map(|e| e.replies) {

@@ -48,6 +48,91 @@ impl Element<'_> {
     }
 }
 
+impl<'a> Element<'a> {
+    /// The element's key, if it is UTF-8.
+    pub fn name(&self) -> Option<&'a str> {
+        std::str::from_utf8(self.key).ok()
+    }
+
+    /// The string the element holds, if it holds one.
+    pub fn str(&self) -> Option<&'a str> {
+        (self.kind == 0x02).then(|| string_of(self.value).ok())?
+    }
+
+    /// The embedded document the element holds, if it holds one.
+    pub fn document(&self) -> Option<&'a bson::RawDocument> {
+        (self.kind == 0x03).then(|| bson::RawDocument::from_bytes(self.value).ok())?
+    }
+
+    /// The boolean the element holds, if it holds one.
+    pub fn bool(&self) -> Option<bool> {
+        (self.kind == 0x08).then(|| self.value[0] != 0)
+    }
+
+    /// The 64-bit integer the element holds, if it holds one.
+    pub fn i64(&self) -> Option<i64> {
+        match self.kind {
+            0x12 => Some(i64::from_le_bytes(self.value.try_into().ok()?)),
+            _ => None,
+        }
+    }
+
+    /// The number the element holds (a double, an int32 or an int64), as
+    /// an `f64`.
+    pub fn number(&self) -> Option<f64> {
+        let word = |n: usize| self.value.get(..n);
+        match self.kind {
+            0x01 => Some(f64::from_le_bytes(word(8)?.try_into().ok()?)),
+            0x10 => Some(i32::from_le_bytes(word(4)?.try_into().ok()?).into()),
+            0x12 => Some(i64::from_le_bytes(word(8)?.try_into().ok()?) as f64),
+            _ => None,
+        }
+    }
+
+    /// The subtype and bytes of the binary the element holds, if it holds one.
+    pub fn binary(&self) -> Option<(u8, &'a [u8])> {
+        match self.kind {
+            0x05 => Some((*self.value.get(4)?, self.value.get(5..)?)),
+            _ => None,
+        }
+    }
+}
+
+/// Top-level fields of a raw document, found with the walker: keys are
+/// compared as bytes, and no value is read but the one asked for. This is
+/// what the per-command path uses to read a command or a reply (the bson
+/// crate's getters check every element they pass). On a document the
+/// walker cannot go through, a field after the fault is not found.
+pub trait Fields {
+    /// The first element named `key`.
+    fn field(&self, key: &str) -> Option<Element<'_>>;
+
+    /// The first element: a command's name and argument.
+    fn first(&self) -> Option<Element<'_>>;
+
+    /// The string `key` holds, if it holds one.
+    fn str_field(&self, key: &str) -> Option<&str> {
+        self.field(key)?.str()
+    }
+
+    /// The document `key` holds, if it holds one.
+    fn doc_field(&self, key: &str) -> Option<&bson::RawDocument> {
+        self.field(key)?.document()
+    }
+}
+
+impl Fields for bson::RawDocument {
+    fn field(&self, key: &str) -> Option<Element<'_>> {
+        elements(self.as_bytes())
+            .map_while(Result::ok)
+            .find(|e| e.key == key.as_bytes())
+    }
+
+    fn first(&self) -> Option<Element<'_>> {
+        elements(self.as_bytes()).next()?.ok()
+    }
+}
+
 /// The elements of one document (or array), given with its length prefix.
 pub struct Elements<'a> {
     doc: &'a [u8],
@@ -342,6 +427,41 @@ mod tests {
             inner = d;
         }
         inner
+    }
+
+    #[test]
+    fn fields_read_what_the_bson_crate_reads() {
+        let d = RawDocumentBuf::from_document(&doc! {
+            "find": "people", "filter": {"a": 1}, "limit": 1_i32, "getMore": 7_i64,
+            "ok": 1.0, "explain": true, "code": 10107_i64,
+            "lsid": {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] }},
+            "$db": "app", "find": "again",
+        })
+        .unwrap();
+        let d = d.as_ref();
+        assert_eq!(d.first().and_then(|e| e.name()), Some("find"));
+        assert_eq!(
+            d.str_field("find"),
+            d.get_str("find").ok(),
+            "the first of two"
+        );
+        assert_eq!(d.str_field("$db"), Some("app"));
+        assert_eq!(d.doc_field("filter"), d.get_document("filter").ok());
+        assert_eq!(d.field("getMore").and_then(|e| e.i64()), Some(7));
+        assert_eq!(d.field("limit").and_then(|e| e.i64()), None, "an int32");
+        assert_eq!(d.field("limit").and_then(|e| e.number()), Some(1.0));
+        assert_eq!(d.field("code").and_then(|e| e.number()), Some(10107.0));
+        assert_eq!(d.field("ok").and_then(|e| e.number()), Some(1.0));
+        assert_eq!(d.field("explain").and_then(|e| e.bool()), Some(true));
+        let id = d.doc_field("lsid").and_then(|l| l.field("id")?.binary());
+        assert_eq!(id, Some((4, &[7u8; 16][..])));
+        assert_eq!(d.str_field("limit"), None, "not a string");
+        assert!(d.field("absent").is_none());
+        // Past a fault, nothing is found.
+        let mut bad = d.as_bytes().to_vec();
+        bad[4] = 0x42;
+        let bad = bson::RawDocument::from_bytes(&bad).unwrap();
+        assert!(bad.first().is_none() && bad.str_field("$db").is_none());
     }
 
     #[test]

@@ -185,11 +185,14 @@ impl Policies {
     /// tokenized, whatever the configuration says, until it is migrated in
     /// again.
     pub fn get(&self, db: &str, coll: &str) -> &Policy {
-        let ns = format!("{db}.{coll}");
-        if self.migrating.state(&ns) == Some(State::Reversed) {
+        if self.migrating.state(db, coll) == Some(State::Reversed) {
             return &UNTOKENIZED;
         }
-        self.rule(&ns).unwrap_or_else(|| self.for_db(db))
+        self.rules
+            .iter()
+            .find(|(ns, _)| is_namespace(ns, db, coll))
+            .map(|(_, p)| p)
+            .unwrap_or_else(|| self.for_db(db))
     }
 
     /// The policy of a full namespace `db.coll`.
@@ -218,7 +221,7 @@ impl Policies {
     /// Whether `laconic migrate` is rewriting `db.coll` now (its documents
     /// are in both forms), and which way.
     pub fn migration(&self, db: &str, coll: &str) -> Option<Migration> {
-        match self.migrating.state(&format!("{db}.{coll}"))? {
+        match self.migrating.state(db, coll)? {
             State::Migrating(way) => Some(way),
             State::Reversed => None,
         }
@@ -250,6 +253,14 @@ pub enum State {
     Reversed,
 }
 
+/// Whether `ns` is `db.coll`.
+fn is_namespace(ns: &str, db: &str, coll: &str) -> bool {
+    ns.len() == db.len() + 1 + coll.len()
+        && ns.starts_with(db)
+        && ns.ends_with(coll)
+        && ns.as_bytes()[db.len()] == b'.'
+}
+
 static UNTOKENIZED: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
 
 /// The collections migrations know of, as the store last said (a map
@@ -259,12 +270,13 @@ static UNTOKENIZED: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Polic
 pub struct Migrating(parking_lot::RwLock<std::collections::HashMap<String, State>>);
 
 impl Migrating {
-    pub fn state(&self, ns: &str) -> Option<State> {
+    /// The state of `db.coll`, if a migration knows of it.
+    pub fn state(&self, db: &str, coll: &str) -> Option<State> {
         let map = self.0.read();
         if map.is_empty() {
             return None;
         }
-        map.get(ns).copied()
+        map.get(&format!("{db}.{coll}")).copied()
     }
 
     /// Replaces what is known of the collections of `db` (its markers, as

@@ -21,6 +21,7 @@ use parking_lot::RwLock;
 use tokio::sync::Notify;
 
 use super::connection::{connect_host, next_reply, send, UpstreamAddr};
+use crate::rewrite::walker::Fields;
 use crate::wire::{Frame, Message, MsgFlags, OpMsg};
 
 /// What the last `hello` said of a host.
@@ -244,18 +245,12 @@ pub fn moved(reply: &RawDocument) -> bool {
         91,    // ShutdownInProgress
         10058, // LegacyNotPrimary
     ];
-    let code = |d: &RawDocument| match d.get("code") {
-        Ok(Some(bson::RawBsonRef::Int32(c))) => Some(c),
-        Ok(Some(bson::RawBsonRef::Int64(c))) => i32::try_from(c).ok(),
-        Ok(Some(bson::RawBsonRef::Double(c))) => Some(c as i32),
-        _ => None,
+    let listed = |d: &RawDocument| {
+        d.field("code")
+            .and_then(|e| e.number())
+            .is_some_and(|c| CODES.iter().any(|&k| f64::from(k) == c.trunc()))
     };
-    code(reply).is_some_and(|c| CODES.contains(&c))
-        || reply
-            .get_document("writeConcernError")
-            .ok()
-            .and_then(code)
-            .is_some_and(|c| CODES.contains(&c))
+    listed(reply) || reply.doc_field("writeConcernError").is_some_and(listed)
 }
 
 #[cfg(test)]

@@ -172,11 +172,12 @@ impl OpMsg {
 
     /// The first key of the body: the command name for a request.
     pub fn command_name(&self) -> Option<&str> {
-        self.body()
-            .iter()
-            .next()
-            .and_then(|r| r.ok())
-            .map(|(k, _)| k)
+        // The key of the first element: after the length and its type byte
+        // (a document with no element has its final NUL there instead).
+        let body = self.body().as_bytes();
+        let key = body.get(5..body.len() - 1).filter(|_| body[4] != 0)?;
+        let end = memchr::memchr(0, key)?;
+        std::str::from_utf8(&key[..end]).ok()
     }
 
     /// Serialized length of the message, header included.
