@@ -286,16 +286,20 @@ async fn sessions_spread_over_the_mongos_hosts_that_answer() {
     let (a, down, b) = (hosts[0].writes(), hosts[1].writes(), hosts[2].writes());
     assert_eq!(down, 0);
     assert!(a >= 3 && b >= 3, "spread {a} / {b}");
-    // The host that was down comes back: it takes sessions again.
+    // The host that was down comes back: it takes sessions again, once a
+    // heartbeat (every 0.5 s; later on a loaded machine) has seen it.
     hosts[1].set(MONGOS);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    for i in 0..6 {
-        insert_as_new_client(100 + i).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut i = 100;
+    while hosts[1].writes() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the host that came back took no session in 30 s"
+        );
+        insert_as_new_client(i).await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(
-        hosts[1].writes() > 0,
-        "the host that came back took no session"
-    );
 }
 
 /// The SRV name of the tests. The hosts an SRV record lists must lie in
