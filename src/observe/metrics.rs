@@ -26,6 +26,10 @@ const BUCKETS: [f64; 14] = [
 /// before the rest are folded into `other`.
 pub const MAX_NAMESPACES: usize = 500;
 
+/// The operations document bytes are counted for, in the order of
+/// `Metrics::documents`' maps.
+const DOCUMENT_OPS: [&str; 2] = ["write", "read"];
+
 #[derive(Debug, Default)]
 struct Histogram {
     buckets: [AtomicU64; BUCKETS.len()],
@@ -79,7 +83,7 @@ pub struct Metrics {
     bytes: [AtomicU64; 4],
     /// Document bytes as the application sees them and as they are stored,
     /// by "db.collection" (writes) or "db" (reads): [logical, physical].
-    documents: DashMap<(String, &'static str), [AtomicU64; 2]>,
+    documents: [DashMap<String, [AtomicU64; 2]>; 2],
     /// Series folded into `other` by the namespace cap.
     folded: AtomicU64,
     /// Error replies and closed connections, by kind.
@@ -118,7 +122,7 @@ impl Metrics {
             connections_refused: AtomicU64::new(0),
             requests: DashMap::new(),
             bytes: Default::default(),
-            documents: DashMap::new(),
+            documents: Default::default(),
             folded: AtomicU64::new(0),
             errors: DashMap::new(),
             store_hits: AtomicU64::new(0),
@@ -180,14 +184,22 @@ impl Metrics {
         if self.off {
             return;
         }
-        let mut key = (namespace.to_owned(), op);
-        if !self.documents.contains_key(&key) && self.documents.len() >= self.max_namespaces {
-            self.folded.fetch_add(1, Relaxed);
-            key.0 = "other".into();
+        debug_assert!(DOCUMENT_OPS.contains(&op), "{op}");
+        let map = &self.documents[usize::from(op != DOCUMENT_OPS[0])];
+        let add = |entry: &[AtomicU64; 2]| {
+            entry[0].fetch_add(logical as u64, Relaxed);
+            entry[1].fetch_add(physical as u64, Relaxed);
+        };
+        // Known namespaces, the common case, are counted without a new key.
+        if let Some(entry) = map.get(namespace) {
+            return add(&entry);
         }
-        let entry = self.documents.entry(key).or_default();
-        entry[0].fetch_add(logical as u64, Relaxed);
-        entry[1].fetch_add(physical as u64, Relaxed);
+        let mut key = namespace.to_owned();
+        if self.documents.iter().map(DashMap::len).sum::<usize>() >= self.max_namespaces {
+            self.folded.fetch_add(1, Relaxed);
+            key = "other".into();
+        }
+        add(&map.entry(key).or_default());
     }
 
     pub fn error(&self, kind: &'static str) {
@@ -357,15 +369,17 @@ impl Metrics {
             "counter",
             "Logical minus physical document bytes: what tokenization saves.",
         );
-        let mut docs: Vec<((String, &str), u64, u64)> = self
-            .documents
+        let mut docs: Vec<((String, &str), u64, u64)> = DOCUMENT_OPS
             .iter()
-            .map(|e| {
-                (
-                    e.key().clone(),
-                    e.value()[0].load(Relaxed),
-                    e.value()[1].load(Relaxed),
-                )
+            .zip(&self.documents)
+            .flat_map(|(op, map)| {
+                map.iter().map(|e| {
+                    (
+                        (e.key().clone(), *op),
+                        e.value()[0].load(Relaxed),
+                        e.value()[1].load(Relaxed),
+                    )
+                })
             })
             .collect();
         docs.sort();
@@ -537,7 +551,11 @@ mod tests {
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
         m.store_round_trips(3);
-        assert!(m.requests.is_empty() && m.documents.is_empty() && m.errors.is_empty());
+        assert!(
+            m.requests.is_empty()
+                && m.documents.iter().all(DashMap::is_empty)
+                && m.errors.is_empty()
+        );
         assert_eq!(m.connections_total.load(Relaxed), 0);
         assert_eq!(m.bytes[0].load(Relaxed), 0);
         assert_eq!(
