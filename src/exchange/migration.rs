@@ -10,6 +10,7 @@ use crate::context::ProxyContext;
 use crate::convert::Target;
 use crate::error::ProxyError;
 use crate::rewrite;
+use crate::rewrite::walker::Fields;
 use crate::token::Migration;
 use crate::wire::OpMsg;
 
@@ -26,9 +27,7 @@ pub(super) async fn convert_ahead(
     }
     // Read from the raw body: only a migrating collection's updates are parsed.
     let body = m.body();
-    let (Ok(db), Some(Ok((_, bson::RawBsonRef::String(coll))))) =
-        (body.get_str("$db"), body.iter().next())
-    else {
+    let (Some(db), Some(coll)) = (body.str_field("$db"), body.first().and_then(|e| e.str())) else {
         return Ok(());
     };
     let Some(migration) = t.policies.migration(db, coll) else {

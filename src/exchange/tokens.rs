@@ -7,6 +7,7 @@ use super::auth::Auth;
 use crate::context::ProxyContext;
 use crate::error::ProxyError;
 use crate::rewrite::names::Misses;
+use crate::rewrite::walker::Fields;
 use crate::rewrite::{self, catalogue, LegState, Replied, ReplyPlan};
 use crate::token::Integrity;
 use crate::upstream::Leg;
@@ -57,7 +58,7 @@ pub(super) fn dropped(ctx: &ProxyContext, request: &Frame) {
     let (Some(t), Some(m)) = (&ctx.rewrite.tokens, request.op_msg()) else {
         return;
     };
-    if let Ok(db) = m.body().get_str("$db") {
+    if let Some(db) = m.body().str_field("$db") {
         t.store.suspect(db);
     }
 }
@@ -160,10 +161,10 @@ pub(super) fn count_documents(ctx: &ProxyContext, original: &Frame, stored: &Fra
         return;
     };
     let body = m.body();
-    let (Ok(db), Some(Ok((_, coll)))) = (body.get_str("$db"), body.iter().next()) else {
+    let (Some(db), Some(coll)) = (body.str_field("$db"), body.first()) else {
         return;
     };
-    let ns = format!("{db}.{}", coll.as_str().unwrap_or_default());
+    let ns = format!("{db}.{}", coll.str().unwrap_or_default());
     ctx.metrics.documents(
         &ns,
         "write",

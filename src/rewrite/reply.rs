@@ -7,6 +7,7 @@ use super::{
     ReplyRules, Settings,
 };
 use crate::error::ProxyError;
+use crate::rewrite::walker::Fields;
 use crate::token::{Integrity, Tokens};
 use crate::wire::{Frame, Message};
 
@@ -194,11 +195,7 @@ fn expand_batch(
 /// What a reply says of its cursor: the kind of one that stays open, or
 /// the end of the one a `getMore` continued.
 fn cursor_fact(body: &bson::RawDocument, rules: &ReplyRules) -> CursorFact {
-    let Some(id) = body
-        .get_document("cursor")
-        .ok()
-        .and_then(|c| c.get_i64("id").ok())
-    else {
+    let Some(id) = body.doc_field("cursor").and_then(|c| c.field("id")?.i64()) else {
         return CursorFact::default();
     };
     match (id, rules.get_more) {

@@ -74,10 +74,8 @@ pub(super) fn collection_of(body: &Document) -> &str {
 
 /// The collection a raw command addresses.
 pub fn collection_of_raw(body: &bson::RawDocument) -> &str {
-    match body.into_iter().next() {
-        Some(Ok((_, bson::RawBsonRef::String(c)))) => c,
-        _ => "",
-    }
+    use crate::rewrite::walker::Fields;
+    body.first().and_then(|e| e.str()).unwrap_or_default()
 }
 
 pub(super) fn refuse(what: &str) -> ProxyError {
