@@ -461,12 +461,13 @@ fn cluster_stream(
 pub fn inserted_bytes(m: &OpMsg) -> usize {
     let in_body = m
         .body()
-        .get_array("documents")
+        .field("documents")
+        .filter(|a| a.kind == 0x04)
         .map(|a| {
-            a.into_iter()
-                .flatten()
-                .filter_map(|d| d.as_document())
-                .map(|d| d.as_bytes().len())
+            walker::elements(a.value)
+                .map_while(Result::ok)
+                .filter(|d| d.kind == 0x03)
+                .map(|d| d.value.len())
                 .sum()
         })
         .unwrap_or(0);

@@ -225,7 +225,8 @@ pub fn any_part_reserved(key: &[u8]) -> bool {
         if part.first().is_some_and(|&b| in_namespace(b)) {
             return true;
         }
-        match memchr::memchr(b'.', part) {
+        // Keys are short: a plain scan beats setting up `memchr`.
+        match part.iter().position(|&b| b == b'.') {
             Some(dot) => part = &part[dot + 1..],
             None => return false,
         }

@@ -56,19 +56,38 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         'p: 'd,
     {
         let start = begin(out);
+        // `doc[..copied]` is in `out` already (its length prefix written
+        // anew): elements that stay as they are (same key, a value that is
+        // not a document and not at a value path) are copied in runs, up to
+        // the next one that changes, as the expander does.
+        let mut copied = 4;
         for e in elements(doc) {
             let e = e?;
+            let nested = matches!(e.kind, 0x03 | 0x04);
             if is_array {
-                self.value(e, e.key, false, parent, out, depth)?;
+                if nested {
+                    out.extend_from_slice(&doc[copied..e.at]);
+                    self.value(e, e.key, false, parent, out, depth)?;
+                    copied = e.end();
+                }
                 continue;
             }
             let (key, stored) = self.key(parent, e.key)?;
             parent.push(key);
             let at_value_path =
                 !self.policy.value_paths.is_empty() && self.policy.is_value_path(parent);
-            self.value(e, &stored, at_value_path, parent, out, depth)?;
+            if nested || at_value_path || *stored != *e.key {
+                out.extend_from_slice(&doc[copied..e.at]);
+                self.value(e, &stored, at_value_path, parent, out, depth)?;
+                copied = e.end();
+            }
             parent.pop();
         }
+        // The run left, without the final NUL that `finish` writes.
+        out.extend_from_slice(
+            doc.get(copied..doc.len().saturating_sub(1))
+                .unwrap_or_default(),
+        );
         finish(out, start);
         Ok(())
     }
