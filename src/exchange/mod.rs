@@ -140,6 +140,11 @@ impl Exchange {
         leg: &mut crate::upstream::Leg,
     ) -> Result<Step, ProxyError> {
         let mut gate = Gate::Rewrite;
+        // The tokenized databases the command's names belong to, read once.
+        let dbs = match self.frame.message() {
+            Message::Msg(m) => rewrite::token_databases(m, &ctx.rewrite),
+            _ => Vec::new(),
+        };
         if let Message::Msg(m) = self.frame.message() {
             // Who sends a command that may open or continue a cursor (the
             // hot writes open none).
@@ -166,14 +171,15 @@ impl Exchange {
             }
             rewrite::admit(&self.frame, &ctx.rewrite)?;
             if !rewrite::is_hello(&self.command) {
-                gate = tokens::admit(ctx, m, &state.auth).await?;
+                gate = tokens::admit(ctx, &dbs, &state.auth).await?;
             }
         }
         if gate == Gate::Rewrite {
             // Rewritten once; again only if it named something the
             // dictionaries lacked (stored names get tokens first).
             let kinds = |id| ctx.cursors.kind(id);
-            let mut rewritten = rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds)?;
+            let mut rewritten =
+                rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds, &dbs)?;
             let mut refreshed = false;
             if ctx.rewrite.tokens.is_some() && rewritten.misses.is_empty() {
                 ctx.metrics.store_lookup(true);
@@ -198,7 +204,7 @@ impl Exchange {
                     }
                     tokens::Settled::Again => {
                         rewritten =
-                            rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds)?;
+                            rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds, &dbs)?;
                     }
                 }
             }

@@ -26,11 +26,14 @@ pub(super) enum Gate {
 /// Before a rewrite: the database's dictionary is read (once), and refused
 /// whole if it cannot be trusted; an unauthenticated client of an upstream
 /// that requires authentication gets no rewriting.
-pub(super) async fn admit(ctx: &ProxyContext, m: &OpMsg, auth: &Auth) -> Result<Gate, ProxyError> {
+pub(super) async fn admit(
+    ctx: &ProxyContext,
+    dbs: &[String],
+    auth: &Auth,
+) -> Result<Gate, ProxyError> {
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(Gate::Rewrite);
     };
-    let dbs = rewrite::token_databases(m, &ctx.rewrite);
     if dbs.is_empty() {
         return Ok(Gate::Rewrite);
     }
@@ -42,7 +45,7 @@ pub(super) async fn admit(ctx: &ProxyContext, m: &OpMsg, auth: &Auth) -> Result<
     {
         return Ok(Gate::PassThrough);
     }
-    for db in &dbs {
+    for db in dbs {
         let trips = t.store.ensure_loaded(db).await?.0;
         if trips > 0 {
             ctx.metrics.store_round_trips(trips);

@@ -23,12 +23,14 @@ pub fn admit(frame: &Frame, settings: &Settings) -> Result<(), ProxyError> {
     }
 }
 
-/// Rewrites one decompressed request.
+/// Rewrites one decompressed request; `dbs` are the tokenized databases its
+/// names belong to ([`token_databases`]).
 pub fn request(
     frame: &Frame,
     settings: &Settings,
     legs: &LegState,
     kinds: CursorKinds<'_>,
+    dbs: &[String],
 ) -> Result<Rewritten, ProxyError> {
     let name = frame.command_name();
     if let Message::Query(q) = frame.message() {
@@ -47,7 +49,7 @@ pub fn request(
         (Some(_), Message::Msg(m))
             if !settings.shard_keys.is_empty() || settings.tokens.is_some() =>
         {
-            rewrite_command(m, frame, settings, kinds)
+            rewrite_command(m, frame, settings, kinds, dbs)
         }
         _ => Ok(Rewritten::unchanged(ReplyPlan::Forward)),
     }
@@ -121,6 +123,7 @@ fn rewrite_command(
     frame: &Frame,
     settings: &Settings,
     kinds: CursorKinds<'_>,
+    dbs: &[String],
 ) -> Result<Rewritten, ProxyError> {
     let keys = &settings.shard_keys;
     let body = m.body();
@@ -135,8 +138,7 @@ fn rewrite_command(
         hide: settings.tokens.is_some() && streams && collection.is_none(),
         streams,
     };
-    let dbs = token_databases(m, settings);
-    let (kind, scope) = reply_kind(m, name, &dbs, settings, kinds)?;
+    let (kind, scope) = reply_kind(m, name, dbs, settings, kinds)?;
     let rules = ReplyRules {
         shard: ReplyNeeds {
             restore: keys.restores(),
