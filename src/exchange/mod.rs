@@ -141,10 +141,10 @@ impl Exchange {
     ) -> Result<Step, ProxyError> {
         let mut gate = Gate::Rewrite;
         // The tokenized databases the command's names belong to, read once.
-        let dbs = match self.frame.message() {
-            Message::Msg(m) => rewrite::token_databases(m, &ctx.rewrite),
-            _ => Vec::new(),
-        };
+        let dbs = self
+            .frame
+            .op_msg()
+            .map_or_else(Vec::new, |m| rewrite::token_databases(m, &ctx.rewrite));
         if let Message::Msg(m) = self.frame.message() {
             // Who sends a command that may open or continue a cursor (the
             // hot writes open none).
