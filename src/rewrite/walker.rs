@@ -34,7 +34,7 @@ pub struct Element<'a> {
     pub at: usize,
 }
 
-impl Element<'_> {
+impl<'a> Element<'a> {
     /// Where the element's value starts in its document.
     #[inline]
     pub fn value_at(&self) -> usize {
@@ -46,9 +46,7 @@ impl Element<'_> {
     pub fn end(&self) -> usize {
         self.at + self.raw.len()
     }
-}
 
-impl<'a> Element<'a> {
     /// The element's key, if it is UTF-8.
     pub fn name(&self) -> Option<&'a str> {
         std::str::from_utf8(self.key).ok()
