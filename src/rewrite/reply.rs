@@ -9,7 +9,7 @@ use super::{
 use crate::error::ProxyError;
 use crate::rewrite::walker::Fields;
 use crate::token::{Integrity, Tokens};
-use crate::wire::{Frame, Message};
+use crate::wire::{Frame, Message, MsgBody};
 
 /// A rewritten reply, the cursor documents it could not carry, and what it
 /// said of its cursor.
@@ -57,7 +57,7 @@ pub fn reply(
                 (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t)?,
                 _ => None,
             };
-            let current = body.as_deref().unwrap_or(m.body());
+            let current = body.as_ref().map_or(m.body(), MsgBody::document);
             let restore =
                 rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
             if restore || rules.shard.hide.is_some() {
@@ -66,7 +66,7 @@ pub fn reply(
                 })?;
                 let mut doc = command::to_document(current)?;
                 if shard_key::reply(&rules.shard, &mut doc) {
-                    body = Some(command::to_raw(&doc)?);
+                    body = Some(MsgBody::copy_of(&command::to_raw(&doc)?));
                 }
             }
             let Some(mut body) = body else {
@@ -81,21 +81,31 @@ pub fn reply(
             // to serve the rest from.
             let mut held = None;
             if !m.flags.more_to_come() {
-                if let Some((cut, id, rest)) = cursor::split(&body, cursor::MAX_REPLY_BODY)? {
-                    body = cut;
+                if let Some((cut, id, rest)) =
+                    cursor::split(body.document(), cursor::MAX_REPLY_BODY)?
+                {
+                    body = MsgBody::copy_of(&cut);
                     held = Some((id, rest));
                 }
             }
             // A driver closes the connection on a message over
             // maxMessageSizeBytes. Never send one.
-            let grown = m.encoded_len() - m.body().as_bytes().len() + body.as_bytes().len();
+            let grown =
+                m.encoded_len() - m.body().as_bytes().len() + body.document().as_bytes().len();
             if grown > crate::wire::MAX_MESSAGE_SIZE {
                 return Err(ProxyError::ReplyTooLarge(grown));
             }
-            let mut m = m.clone();
-            m.set_body(body);
+            // The usual reply, one body and no checksum, is sent from the
+            // buffer the body was written in.
+            let frame = if m.sequences().next().is_none() && !m.flags.checksum_present() {
+                frame.with_body(m.flags, body)
+            } else {
+                let mut m = m.clone();
+                m.set_body(body.document().to_owned());
+                frame.with_message(Message::Msg(m))
+            };
             Ok(Replied {
-                frame: frame.with_message(Message::Msg(m)),
+                frame,
                 held,
                 cursor: fact,
             })
@@ -109,7 +119,7 @@ fn expand_tokens(
     expansion: &Expansion,
     strings: expand::Strings,
     t: &Tokens,
-) -> Result<Option<bson::RawDocumentBuf>, ProxyError> {
+) -> Result<Option<MsgBody>, ProxyError> {
     let dictionary_of = |item: &bson::Document| -> Option<String> {
         match expansion {
             Expansion::One(db) => Some(db.clone()),
@@ -135,7 +145,7 @@ fn expand_tokens(
                 return Ok(None);
             }
             let names = t.store.dictionary(db)?;
-            expand::raw_document_with(body, &*names, strings)
+            expand::raw_body_with(body, &*names, strings)
                 .map(Some)
                 .map_err(|e| unreadable(e, db))
         }
@@ -151,7 +161,7 @@ fn expand_batch(
     strings: expand::Strings,
     t: &Tokens,
     dictionary_of: &dyn Fn(&bson::Document) -> Option<String>,
-) -> Result<Option<bson::RawDocumentBuf>, ProxyError> {
+) -> Result<Option<MsgBody>, ProxyError> {
     let needed = |raw: &[u8]| strings != expand::Strings::Data || expand::raw::needed(raw);
     if !needed(body.as_bytes()) {
         return Ok(None);
@@ -189,7 +199,7 @@ fn expand_batch(
     if !changed {
         return Ok(None);
     }
-    command::to_raw(&doc).map(Some)
+    command::to_raw(&doc).map(|d| Some(MsgBody::copy_of(&d)))
 }
 
 /// What a reply says of its cursor: the kind of one that stays open, or

@@ -17,7 +17,7 @@ pub use codec::{CodecError, MessageCodec};
 pub use header::{Header, OpCode, HEADER_LEN, MAX_MESSAGE_SIZE};
 pub use legacy::{OpQuery, OpReply};
 pub use op_compressed::{may_compress, Compressor, OpCompressed};
-pub use op_msg::{DocumentSequence, MsgFlags, OpMsg, Section};
+pub use op_msg::{DocumentSequence, MsgBody, MsgFlags, OpMsg, Section};
 
 use bytes::Bytes;
 
@@ -135,6 +135,36 @@ impl Frame {
 
     pub fn message(&self) -> &Message {
         &self.message
+    }
+
+    /// A frame with this one's ids whose message is an OP_MSG of `flags`
+    /// (its checksum left out) and one body section: the buffer `body` was
+    /// written in is the frame's bytes, so sending it copies nothing more.
+    pub fn with_body(&self, flags: MsgFlags, body: MsgBody) -> Frame {
+        let flags = flags.without_checksum();
+        let mut buf = body.into_buffer();
+        let header = Header {
+            length: buf.len() as i32,
+            request_id: self.header.request_id,
+            response_to: self.header.response_to,
+            op_code: OpCode::Msg as i32,
+        };
+        let mut prefix = Vec::with_capacity(MsgBody::AT);
+        header.write(&mut prefix);
+        prefix.extend_from_slice(&flags.0.to_le_bytes());
+        prefix.push(0);
+        buf[..MsgBody::AT].copy_from_slice(&prefix);
+        let raw = Bytes::from(buf);
+        let message = Message::Msg(OpMsg {
+            flags,
+            sections: vec![Section::Body(raw.slice(MsgBody::AT..))],
+            checksum: None,
+        });
+        Frame {
+            header,
+            message,
+            raw: Some(raw),
+        }
     }
 
     /// A frame with this one's ids and another message, re-encoded when

@@ -55,6 +55,57 @@ pub enum Section {
     Sequence(DocumentSequence),
 }
 
+/// A body document written in place in the buffer of the message that will
+/// carry it, after room for the header, the flags and the section's kind:
+/// a reply rewritten into one becomes a frame without being copied again
+/// ([`super::Frame::with_body`]).
+#[derive(Clone, Debug)]
+pub struct MsgBody {
+    buf: Vec<u8>,
+}
+
+impl MsgBody {
+    /// Where the body starts: header, flags and the kind byte come first.
+    pub const AT: usize = HEADER_LEN + 4 + 1;
+
+    /// A buffer to write a body into: room for what comes before it, and
+    /// `capacity` bytes for the document.
+    pub fn buffer(capacity: usize) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(Self::AT + capacity);
+        buf.resize(Self::AT, 0);
+        buf
+    }
+
+    /// The body written into `buf` (from [`MsgBody::buffer`]): one document,
+    /// whose length prefix and final NUL are checked.
+    pub fn new(buf: Vec<u8>) -> Result<MsgBody, WireError> {
+        let mut r = Reader::new(&buf);
+        r.take(Self::AT, "OP_MSG body")?;
+        r.document("OP_MSG body")?;
+        if !r.is_empty() {
+            return Err(WireError::TrailingBytes("OP_MSG body"));
+        }
+        Ok(MsgBody { buf })
+    }
+
+    /// A body that is a copy of `doc`.
+    pub fn copy_of(doc: &RawDocument) -> MsgBody {
+        let mut buf = Self::buffer(doc.as_bytes().len());
+        buf.extend_from_slice(doc.as_bytes());
+        MsgBody { buf }
+    }
+
+    pub fn document(&self) -> &RawDocument {
+        // `new` checked the length prefix and the final NUL.
+        RawDocument::from_bytes(&self.buf[Self::AT..]).unwrap_or_else(|_| empty_document())
+    }
+
+    /// The whole buffer, with its first [`MsgBody::AT`] bytes to fill in.
+    pub(super) fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
 /// A decoded OP_MSG.
 #[derive(Clone, Debug)]
 pub struct OpMsg {

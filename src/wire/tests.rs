@@ -49,6 +49,75 @@ fn op_msg_with_sequence_round_trips() {
 }
 
 #[test]
+fn a_body_written_in_place_is_the_frame_it_makes() {
+    let reply = doc! {"cursor": {"firstBatch": [{"_id": 1, "name": "a"}], "id": 0i64}, "ok": 1.0};
+    let doc = RawDocumentBuf::from_document(&reply).unwrap();
+    let mut buf = MsgBody::buffer(doc.as_bytes().len());
+    buf.extend_from_slice(doc.as_bytes());
+    let body = MsgBody::new(buf).unwrap();
+    assert_eq!(body.document().as_bytes(), doc.as_bytes());
+    let request = msg(0, vec![Section::Body(raw(doc! {"find": "c", "$db": "d"}))]);
+    let flags = MsgFlags(MsgFlags::CHECKSUM_PRESENT | MsgFlags::MORE_TO_COME);
+    let framed = request.with_body(flags, body.clone());
+    // The same bytes as the message built from parts and encoded, and the
+    // same frame once parsed back; the checksum is left out.
+    let mut expected = OpMsg::from_body(flags, &doc);
+    assert_eq!(expected.flags, MsgFlags(MsgFlags::MORE_TO_COME));
+    let built = request.with_message(Message::Msg(expected.clone()));
+    assert_eq!(framed.to_bytes(), Bytes::from(encode(&built)));
+    assert_eq!(framed.header.length as usize, framed.to_bytes().len());
+    assert_eq!(framed, built);
+    let parsed = Frame::parse(framed.to_bytes(), MAX_MESSAGE_SIZE).unwrap();
+    assert_eq!(parsed, framed);
+    expected.set_body(doc.clone());
+    assert_eq!(framed.op_msg().unwrap(), &expected);
+    // `copy_of` makes the same body.
+    assert_eq!(
+        request.with_body(flags, MsgBody::copy_of(&doc)).to_bytes(),
+        framed.to_bytes()
+    );
+}
+
+#[test]
+fn a_frame_made_in_place_is_sent_without_a_copy() {
+    use tokio_util::codec::Encoder;
+    let doc = RawDocumentBuf::from_document(&doc! {"n": 1, "ok": 1.0}).unwrap();
+    let request = msg(0, vec![Section::Body(raw(doc! {"ping": 1, "$db": "d"}))]);
+    let framed = request.with_body(MsgFlags(0), MsgBody::copy_of(&doc));
+    let (at, expected) = {
+        let bytes = framed.to_bytes();
+        (bytes.as_ptr() as usize, bytes.to_vec())
+    };
+    let mut dst = BytesMut::new();
+    MessageCodec::new(MAX_MESSAGE_SIZE)
+        .encode(framed, &mut dst)
+        .unwrap();
+    assert_eq!(&dst[..], &expected[..]);
+    assert_eq!(
+        dst.as_ptr() as usize,
+        at,
+        "the frame's buffer is the write buffer"
+    );
+}
+
+#[test]
+fn a_body_buffer_must_hold_one_document() {
+    let doc = RawDocumentBuf::from_document(&doc! {"ok": 1.0}).unwrap();
+    let written = |bytes: &[u8]| {
+        let mut buf = MsgBody::buffer(bytes.len());
+        buf.extend_from_slice(bytes);
+        MsgBody::new(buf)
+    };
+    assert!(written(doc.as_bytes()).is_ok());
+    assert!(written(&[]).is_err());
+    assert!(written(&doc.as_bytes()[..doc.as_bytes().len() - 1]).is_err());
+    let mut twice = doc.as_bytes().to_vec();
+    twice.extend_from_slice(doc.as_bytes());
+    assert!(written(&twice).is_err());
+    assert!(MsgBody::new(vec![0; 3]).is_err());
+}
+
+#[test]
 fn checksum_is_verified_and_recomputed() {
     let frame = msg(
         MsgFlags::CHECKSUM_PRESENT,

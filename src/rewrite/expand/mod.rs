@@ -153,6 +153,8 @@ fn expand_value(v: &Bson, names: &dyn Names, unknown: &mut Unknown) -> Bson {
 
 use bson::{RawDocument, RawDocumentBuf};
 
+use crate::wire::MsgBody;
+
 /// Which string values hold paths (and so may hold tokens). Keys are always
 /// expanded; strings only where the reply's kind says they are paths.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -218,11 +220,34 @@ pub fn raw_document_with<N: Names + ?Sized>(
     names: &N,
     strings: Strings,
 ) -> Result<RawDocumentBuf, Unreadable> {
-    let mut unknown = Unknown::default();
     let mut out = Vec::with_capacity(doc.as_bytes().len() * 2);
+    expand_into(doc, names, strings, &mut out)?;
+    RawDocumentBuf::from_bytes(out).map_err(|_| expanded_malformed())
+}
+
+/// [`raw_document_with`], written in place in the buffer of the message
+/// that will carry it to the driver.
+pub fn raw_body_with<N: Names + ?Sized>(
+    doc: &RawDocument,
+    names: &N,
+    strings: Strings,
+) -> Result<MsgBody, Unreadable> {
+    let mut out = MsgBody::buffer(doc.as_bytes().len() * 2);
+    expand_into(doc, names, strings, &mut out)?;
+    MsgBody::new(out).map_err(|_| expanded_malformed())
+}
+
+/// Appends the expansion of `doc` to `out`.
+fn expand_into<N: Names + ?Sized>(
+    doc: &RawDocument,
+    names: &N,
+    strings: Strings,
+    out: &mut Vec<u8>,
+) -> Result<(), Unreadable> {
+    let mut unknown = Unknown::default();
     // A reply the walker cannot go through (a server never sends one) is
     // not forwarded: its tokens could not be expanded.
-    raw::expand(doc.as_bytes(), names, strings, &mut unknown, &mut out)
+    raw::expand(doc.as_bytes(), names, strings, &mut unknown, out)
         .map_err(Unreadable::Malformed)?;
     if !unknown.is_empty() {
         unknown.names.sort_unstable();
@@ -231,11 +256,13 @@ pub fn raw_document_with<N: Names + ?Sized>(
         unknown.values.dedup();
         return Err(Unreadable::Unknown(unknown));
     }
-    RawDocumentBuf::from_bytes(out).map_err(|_| {
-        Unreadable::Malformed(crate::rewrite::walker::Malformed::Invalid(
-            "an expanded reply",
-        ))
-    })
+    Ok(())
+}
+
+fn expanded_malformed() -> Unreadable {
+    Unreadable::Malformed(crate::rewrite::walker::Malformed::Invalid(
+        "an expanded reply",
+    ))
 }
 
 /// Why a reply cannot be expanded.
