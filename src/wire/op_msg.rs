@@ -95,6 +95,7 @@ impl MsgBody {
         MsgBody { buf }
     }
 
+    /// The body document.
     pub fn document(&self) -> &RawDocument {
         // `new` checked the length prefix and the final NUL.
         RawDocument::from_bytes(&self.buf[Self::AT..]).unwrap_or_else(|_| empty_document())
