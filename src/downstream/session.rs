@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::tls::Stream;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use tokio_util::codec::Framed;
 use tracing::{debug, info, warn};
 
@@ -267,8 +267,7 @@ impl Session {
         self.ctx
             .metrics
             .bytes(MetricLeg::Client, Way::Out, reply.header.length as usize);
-        self.downstream
-            .send(reply)
+        wire::send(&mut self.downstream, reply)
             .await
             .map_err(|e| ProxyError::DownstreamLost(e.to_string()))
     }

@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bson::{Bson, Document, RawDocumentBuf};
-use futures::SinkExt;
 
 use crate::capture::diff::{diff_docs, show};
 use crate::capture::{Direction, Record};
@@ -73,9 +72,7 @@ pub async fn replay(
             continue;
         }
         let frame = prepare(&request.frame, &cursors)?;
-        conn.send(frame)
-            .await
-            .map_err(|e| ProxyError::UpstreamLost(e.to_string()))?;
+        upstream::send(&mut conn, frame).await?;
         if request.frame.more_to_come() {
             continue;
         }

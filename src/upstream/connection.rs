@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
@@ -222,7 +222,7 @@ impl Leg {
 
 /// Sends one frame upstream.
 pub async fn send(conn: &mut UpstreamConn, frame: Frame) -> Result<(), ProxyError> {
-    conn.send(frame)
+    crate::wire::send(conn, frame)
         .await
         .map_err(|e| ProxyError::UpstreamLost(e.to_string()))
 }

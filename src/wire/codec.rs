@@ -1,7 +1,9 @@
 //! The thin tokio-util shell around the sans-IO codec.
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio_util::codec::{Decoder, Encoder};
+use futures::SinkExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio_util::codec::{Decoder, Encoder, Framed};
 
 use super::{Frame, Header, WireError, HEADER_LEN};
 
@@ -70,10 +72,19 @@ impl Encoder<Frame> for MessageCodec {
     type Error = CodecError;
 
     fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
-        let bytes = frame.into_bytes();
+        self.encode(frame.into_bytes(), dst)
+    }
+}
+
+/// A message's complete bytes.
+impl Encoder<Bytes> for MessageCodec {
+    type Error = CodecError;
+
+    fn encode(&mut self, bytes: Bytes, dst: &mut BytesMut) -> Result<(), CodecError> {
         if dst.is_empty() {
-            // The usual case, one frame per write: a frame encoded just now
-            // is handed over as the write buffer, not copied into it.
+            // The usual case, one message per write: bytes nothing else
+            // holds (a frame encoded just now) are handed over as the
+            // write buffer, not copied into it.
             match bytes.try_into_mut() {
                 Ok(owned) => *dst = owned,
                 Err(shared) => dst.extend_from_slice(&shared),
@@ -85,11 +96,23 @@ impl Encoder<Frame> for MessageCodec {
     }
 }
 
-impl Encoder<Bytes> for MessageCodec {
-    type Error = CodecError;
-
-    fn encode(&mut self, bytes: Bytes, dst: &mut BytesMut) -> Result<(), CodecError> {
-        dst.extend_from_slice(&bytes);
-        Ok(())
+/// Sends one frame and flushes it. A frame whose bytes are shared (one
+/// forwarded as it came: a slice of the buffer it was read into) is
+/// written from those bytes rather than copied into the write buffer
+/// first; any other goes through the encoder, which takes its buffer over.
+/// Either way the frame is written whole before this returns: callers await
+/// it to its end, as a send dropped halfway would leave the peer inside a
+/// message.
+pub async fn send<S: AsyncWrite + Unpin>(
+    conn: &mut Framed<S, MessageCodec>,
+    frame: Frame,
+) -> Result<(), CodecError> {
+    let bytes = frame.into_bytes();
+    if bytes.is_unique() || !conn.write_buffer().is_empty() {
+        return conn.send(bytes).await;
     }
+    let io = conn.get_mut();
+    io.write_all(&bytes).await?;
+    io.flush().await?;
+    Ok(())
 }

@@ -353,3 +353,31 @@ proptest! {
         let _ = codec.decode(&mut buf);
     }
 }
+
+#[tokio::test]
+async fn send_writes_shared_and_owned_frames_whole_and_in_order() {
+    use tokio::io::AsyncReadExt;
+    use tokio_util::codec::Framed;
+    let (a, mut b) = tokio::io::duplex(1 << 20);
+    let mut conn = Framed::new(a, MessageCodec::new(MAX_MESSAGE_SIZE));
+    // A frame forwarded as it came: a slice of the buffer it was read
+    // into, which still holds the bytes after it.
+    let first = encode(&msg(0, vec![Section::Body(raw(doc! {"n": 1, "$db": "d"}))]));
+    let mut read = first.clone();
+    read.extend_from_slice(b"the next message");
+    let read = Bytes::from(read);
+    let shared = Frame::parse(read.slice(..first.len()), MAX_MESSAGE_SIZE).unwrap();
+    // A frame whose bytes nothing else holds.
+    let doc = RawDocumentBuf::from_document(&doc! {"ok": 1.0}).unwrap();
+    let owned = shared.with_body(MsgFlags(0), MsgBody::copy_of(&doc));
+    let second = owned.to_bytes().to_vec();
+    send(&mut conn, shared).await.unwrap();
+    assert!(conn.write_buffer().is_empty());
+    send(&mut conn, owned).await.unwrap();
+    assert!(conn.write_buffer().is_empty());
+    drop(conn);
+    let mut got = Vec::new();
+    b.read_to_end(&mut got).await.unwrap();
+    assert_eq!(&read[first.len()..], b"the next message");
+    assert_eq!(got, [first, second].concat());
+}
