@@ -561,3 +561,48 @@ async fn collections_follow_their_own_settings_within_one_dictionary() {
         );
     }
 }
+
+/// A field of the user's named `errmsg` is data like any other: whatever
+/// control characters its text holds (here every byte that starts a token,
+/// with the dictionary holding many names), it reads back as written, from
+/// a cursor, a `findAndModify` and an aggregation.
+#[tokio::test]
+async fn a_user_field_named_errmsg_reads_back_as_written() {
+    let proxy = tokenizing_proxy().await;
+    let coll = common::via_proxy(&proxy)
+        .await
+        .database(&db_name("tok", "errmsg"))
+        .collection::<Document>("notes");
+    let mut many = doc! {"_id": 0};
+    for i in 0..40 {
+        many.insert(format!("long_field_{i:02}"), i);
+    }
+    coll.insert_one(many).await.unwrap();
+    let text: String = (0x01u8..=0x1e)
+        .chain([0x7f])
+        .map(char::from)
+        .chain("end".chars())
+        .collect();
+    let written = doc! {"_id": 1, "errmsg": &text, "details": {"errmsg": &text}};
+    coll.insert_one(written.clone()).await.unwrap();
+
+    let found = coll.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+    assert_eq!(found, written);
+    let value = coll
+        .find_one_and_update(doc! {"_id": 1}, doc! {"$set": {"seen": true}})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(value, written);
+    let projected: Vec<Document> = coll
+        .aggregate(vec![
+            doc! {"$match": {"_id": 1}},
+            doc! {"$project": {"errmsg": 1, "details": 1}},
+        ])
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(projected, vec![written]);
+}

@@ -21,7 +21,7 @@ pub fn expand<N: Names + ?Sized>(
     unknown: &mut Unknown,
     out: &mut Vec<u8>,
 ) -> Result<(), Malformed> {
-    Expander { names, unknown }.doc(doc, false, strings, out, 0)
+    Expander { names, unknown }.doc(doc, false, strings, true, out, 0)
 }
 
 /// One dictionary, and what it lacked.
@@ -35,11 +35,17 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
     /// that stay as they are are not copied one by one: they are copied in
     /// runs, up to the next element that changes, so a document whose keys
     /// are plain is one copy.
+    ///
+    /// `envelope`: the document is the reply itself or one of its error
+    /// reports (`writeErrors`, `writeConcernError`), whose `errmsg` the
+    /// server wrote and may name fields in. Anywhere else (a cursor's
+    /// documents, a `findAndModify` value) an `errmsg` is the user's data.
     fn doc(
         &mut self,
         doc: &[u8],
         is_array: bool,
         strings: Strings,
+        envelope: bool,
         out: &mut Vec<u8>,
         depth: usize,
     ) -> Result<(), Malformed> {
@@ -64,7 +70,16 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                             header(out, e.kind, k);
                         }
                     }
-                    self.doc(e.value, e.kind == 0x04, inner, out, descend(depth)?)?;
+                    let envelope = envelope
+                        && (is_array || matches!(logical, b"writeErrors" | b"writeConcernError"));
+                    self.doc(
+                        e.value,
+                        e.kind == 0x04,
+                        inner,
+                        envelope,
+                        out,
+                        descend(depth)?,
+                    )?;
                     copied = e.end();
                 }
                 0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => {
@@ -84,14 +99,14 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                         }
                     }
                 }
-                0x02 if (inner == Strings::Paths || logical == b"errmsg")
+                0x02 if (inner == Strings::Paths || (envelope && logical == b"errmsg"))
                     && e.value[4..].iter().any(|&b| b == ESCAPE || starts_token(b)) =>
                 {
                     let text = string_of(e.value)?;
-                    let expanded = if logical == b"errmsg" && inner != Strings::Paths {
-                        Some(super::expand_text(text, names))
-                    } else {
+                    let expanded = if inner == Strings::Paths {
                         super::path_string(text, names, &mut self.unknown.names)
+                    } else {
+                        Some(super::expand_text(text, names))
                     };
                     match expanded {
                         Some(s) => {
@@ -241,5 +256,64 @@ mod tests {
         assert!(needed_as(&plain[..plain.len() - 2], Strings::Writes));
         assert!(!needed_as(&plain, Strings::Data));
         assert!(needed_as(&plain, Strings::Paths) && needed_as(&plain, Strings::Events));
+    }
+
+    /// A user document may have a field named `errmsg`, holding any text,
+    /// control characters that spell tokens included: it reads back as it
+    /// was written. Only the server's own messages name fields by tokens.
+    #[test]
+    fn only_the_servers_messages_are_read_for_names() {
+        let mut dict = crate::token::Dictionary::default();
+        let names: Vec<String> = (0..40).map(|i| format!("field{i}")).collect();
+        dict.add_names(&names);
+        // A newline is a token here, as another control character is.
+        let newline = dict.name(b"\n").unwrap().to_owned();
+        let other = dict.token("field7").unwrap().as_str().to_owned();
+        let text = format!("line one\nline two {other}");
+        let user = doc! {"_id": 1, "errmsg": &text, "more": {"errmsg": &text}};
+        let expand_data = |reply: &bson::Document, strings| {
+            let mut out = Vec::new();
+            let mut unknown = Unknown::default();
+            expand(
+                &bytes(reply.clone()),
+                &dict,
+                strings,
+                &mut unknown,
+                &mut out,
+            )
+            .unwrap();
+            bson::from_slice::<bson::Document>(&out).unwrap()
+        };
+        for reply in [
+            doc! {"cursor": {"firstBatch": [user.clone()], "id": 0i64, "ns": "d.c"}, "ok": 1.0},
+            doc! {"lastErrorObject": {"n": 1}, "value": user.clone(), "ok": 1.0},
+        ] {
+            assert_eq!(expand_data(&reply, Strings::Data), reply);
+        }
+        let event =
+            doc! {"_id": {"_data": "1"}, "operationType": "insert", "fullDocument": user.clone()};
+        assert_eq!(expand_data(&event, Strings::Events), event);
+        // The reply's own message, and its write errors', name fields.
+        let said = format!("line one{newline}line two field7");
+        let failed = doc! {"ok": 0.0, "errmsg": &text, "code": 11000};
+        assert_eq!(
+            expand_data(&failed, Strings::Data),
+            doc! {"ok": 0.0, "errmsg": said.clone(), "code": 11000}
+        );
+        let write = doc! {
+            "n": 0,
+            "writeErrors": [{"index": 0, "code": 11000, "errmsg": &text}],
+            "writeConcernError": {"code": 64, "errmsg": &text},
+            "ok": 1.0,
+        };
+        assert_eq!(
+            expand_data(&write, Strings::Writes),
+            doc! {
+                "n": 0,
+                "writeErrors": [{"index": 0, "code": 11000, "errmsg": said.clone()}],
+                "writeConcernError": {"code": 64, "errmsg": said},
+                "ok": 1.0,
+            }
+        );
     }
 }
