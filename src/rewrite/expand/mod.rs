@@ -166,20 +166,35 @@ pub enum Strings {
     /// spells a path of tokens (`"$<token>.<token>"`, `required` names,
     /// `timeField`, `language_override`) is expanded.
     Paths,
-    /// Change events: strings under `removedFields`, `truncatedArrays` and
-    /// `disambiguatedPaths` are paths; the rest are documents.
+    /// Change events: strings under an event's `updateDescription`'s
+    /// `removedFields`, `truncatedArrays` and `disambiguatedPaths` are
+    /// paths; the rest are documents.
     Events,
+    /// Inside a change event's `updateDescription`.
+    Update,
     /// Write replies: a validation error's `errInfo` names properties in
     /// strings; everything else is data.
     Writes,
 }
 
 impl Strings {
+    /// How the strings under `key` are read. The switch to paths happens
+    /// only where the server puts them: a key of the same name inside a
+    /// user's document (an inserted document's `removedFields`, a
+    /// duplicate key's value under `errInfo`) is the user's data.
     pub(super) fn under(self, key: &str) -> Strings {
         match (self, key) {
-            (Strings::Events, "removedFields" | "truncatedArrays" | "disambiguatedPaths")
-            | (Strings::Writes, "errInfo") => Strings::Paths,
-            (s, _) => s,
+            (Strings::Paths, _) => Strings::Paths,
+            // A change stream's reply, down to its events.
+            (Strings::Events, "cursor" | "firstBatch" | "nextBatch") => Strings::Events,
+            (Strings::Events, "updateDescription") => Strings::Update,
+            (Strings::Update, "removedFields" | "truncatedArrays" | "disambiguatedPaths") => {
+                Strings::Paths
+            }
+            // A write reply, down to its errors' accounts.
+            (Strings::Writes, "writeErrors" | "writeConcernError") => Strings::Writes,
+            (Strings::Writes, "errInfo") => Strings::Paths,
+            _ => Strings::Data,
         }
     }
 }

@@ -197,7 +197,7 @@ pub fn needed_as(doc: &[u8], strings: Strings) -> bool {
     match strings {
         Strings::Data => needed(doc),
         Strings::Writes => needed_in(doc, false, Some(b"errInfo"), 0).unwrap_or(true),
-        Strings::Paths | Strings::Events => true,
+        Strings::Paths | Strings::Events | Strings::Update => true,
     }
 }
 
@@ -256,6 +256,66 @@ mod tests {
         assert!(needed_as(&plain[..plain.len() - 2], Strings::Writes));
         assert!(!needed_as(&plain, Strings::Data));
         assert!(needed_as(&plain, Strings::Paths) && needed_as(&plain, Strings::Events));
+    }
+
+    /// Strings are read as paths only where the server writes paths: an
+    /// update event's `removedFields`, a validation error's `errInfo`. A
+    /// user's field of the same name is data, whatever it holds.
+    #[test]
+    fn strings_are_paths_only_where_the_server_puts_them() {
+        let mut dict = crate::token::Dictionary::default();
+        let names: Vec<String> = (0..40).map(|i| format!("field{i}")).collect();
+        dict.add_names(&names);
+        let token = |n: &str| dict.token(n).unwrap().as_str().to_owned();
+        let expanded = |reply: &bson::Document, strings| {
+            let mut out = Vec::new();
+            let mut unknown = Unknown::default();
+            expand(
+                &bytes(reply.clone()),
+                &dict,
+                strings,
+                &mut unknown,
+                &mut out,
+            )
+            .unwrap();
+            bson::from_slice::<bson::Document>(&out).unwrap()
+        };
+        let stored = token("field3");
+        let user = doc! {
+            "removedFields": [&stored],
+            "truncatedArrays": [{"field": &stored}],
+            "errInfo": {"details": &stored},
+        };
+        let event = |doc: bson::Document| {
+            doc! {"cursor": {"nextBatch": [doc], "id": 1i64, "ns": "d.c"}, "ok": 1.0}
+        };
+        let insert = event(doc! {"operationType": "insert", "fullDocument": user.clone()});
+        assert_eq!(expanded(&insert, Strings::Events), insert);
+        let update = |removed: &str| {
+            event(doc! {
+                "operationType": "update",
+                "updateDescription": {"updatedFields": user.clone(), "removedFields": [removed]},
+            })
+        };
+        assert_eq!(
+            expanded(&update(&stored), Strings::Events),
+            update("field3")
+        );
+        let write = |info: &str| {
+            doc! {
+                "n": 0,
+                "writeErrors": [{
+                    "index": 0,
+                    "code": 121,
+                    "errInfo": {"details": {"missingProperties": [info]}},
+                    "keyValue": user.clone(),
+                }],
+                "ok": 1.0,
+            }
+        };
+        assert_eq!(expanded(&write(&stored), Strings::Writes), write("field3"));
+        let modified = doc! {"lastErrorObject": {"n": 1}, "value": user.clone(), "ok": 1.0};
+        assert_eq!(expanded(&modified, Strings::Writes), modified);
     }
 
     /// A user document may have a field named `errmsg`, holding any text,
