@@ -341,10 +341,11 @@ fn reply_kind(
 /// Checks a request's body and document sequences before anything parses
 /// them.
 fn validate(m: &OpMsg) -> Result<(), Malformed> {
-    walker::validate(m.body().as_bytes())?;
+    let reserved = crate::token::namespace::VALUE_SUBTYPE;
+    walker::validate_without(m.body().as_bytes(), reserved)?;
     for seq in m.sequences() {
         for d in &seq.documents {
-            walker::validate(d)?;
+            walker::validate_without(d, reserved)?;
         }
     }
     Ok(())
@@ -358,6 +359,9 @@ fn malformed(e: Malformed) -> Result<Rewritten, ProxyError> {
     match e {
         Malformed::TooDeep => Err(ProxyError::Overflow),
         Malformed::Invalid(_) => Ok(Rewritten::unchanged(ReplyPlan::Forward)),
+        Malformed::Reserved => Err(ProxyError::Unsupported(format!(
+            "laconic: {e} in a tokenized database: a value stored as one would read back as another; store it with another subtype"
+        ))),
     }
 }
 

@@ -20,6 +20,13 @@ pub enum Malformed {
     /// Nested deeper than [`MAX_DEPTH`].
     #[error("BSONObj exceeds maximum nested object depth")]
     TooDeep,
+    /// A binary of the subtype a tokenized database keeps value tokens in,
+    /// in a request to one: stored, it would read back as a value.
+    #[error(
+        "binary subtype {:#04x} is reserved for value tokens",
+        crate::token::namespace::VALUE_SUBTYPE
+    )]
+    Reserved,
 }
 
 /// One element: its type, key and value bytes.
@@ -267,10 +274,16 @@ pub fn value_len(kind: u8, rest: &[u8]) -> Result<usize, Malformed> {
 /// keys and strings that are UTF-8, known types, and depth. What passes
 /// can be walked, and parsed, without surprise.
 pub fn validate(doc: &[u8]) -> Result<(), Malformed> {
-    validate_at(doc, 0)
+    validate_at(doc, 0, None)
 }
 
-fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
+/// [`validate`], and no binary of subtype `reserved` anywhere
+/// ([`Malformed::Reserved`]).
+pub fn validate_without(doc: &[u8], reserved: u8) -> Result<(), Malformed> {
+    validate_at(doc, 0, Some(reserved))
+}
+
+fn validate_at(doc: &[u8], depth: usize, reserved: Option<u8>) -> Result<(), Malformed> {
     let invalid = |why| Err(Malformed::Invalid(why));
     if doc.len() < 5 || le_i32(doc)? != doc.len() {
         return invalid("a document whose length is not its size");
@@ -285,7 +298,7 @@ fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
             return invalid("a key that is not UTF-8");
         }
         match e.kind {
-            0x03 | 0x04 => validate_at(e.value, descend(depth)?)?,
+            0x03 | 0x04 => validate_at(e.value, descend(depth)?, reserved)?,
             0x02 | 0x0D | 0x0E => {
                 string_of(e.value)?;
             }
@@ -302,6 +315,7 @@ fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
                 string_of(&e.value[..e.value.len() - 12])?;
             }
             0x08 if e.value[0] > 1 => return invalid("a boolean that is neither 0 nor 1"),
+            0x05 if reserved == Some(e.value[4]) => return Err(Malformed::Reserved),
             0x05 if e.value[4] == 0x02 => {
                 // The old binary subtype repeats its length inside.
                 let size = e.value.len().checked_sub(9);
@@ -315,7 +329,11 @@ fn validate_at(doc: &[u8], depth: usize) -> Result<(), Malformed> {
                 let rest = e.value.get(4..).unwrap_or_default();
                 let code = 4 + le_i32(rest)?;
                 string_of(rest.get(..code).unwrap_or_default())?;
-                validate_at(rest.get(code..).unwrap_or_default(), descend(depth)?)?;
+                validate_at(
+                    rest.get(code..).unwrap_or_default(),
+                    descend(depth)?,
+                    reserved,
+                )?;
             }
             _ => {}
         }
@@ -425,6 +443,19 @@ mod tests {
             inner = d;
         }
         inner
+    }
+
+    #[test]
+    fn a_reserved_binary_subtype_is_refused_at_any_depth() {
+        let blob = |subtype: u8| bson::Binary {
+            subtype: bson::spec::BinarySubtype::UserDefined(subtype),
+            bytes: vec![1],
+        };
+        let deep = bson::to_vec(&doc! {"a": [{"b": {"c": blob(0x8C)}}]}).unwrap();
+        assert_eq!(validate(&deep), Ok(()));
+        assert_eq!(validate_without(&deep, 0x8C), Err(Malformed::Reserved));
+        let other = bson::to_vec(&doc! {"a": [{"b": {"c": blob(0x80)}}]}).unwrap();
+        assert_eq!(validate_without(&other, 0x8C), Ok(()));
     }
 
     #[test]

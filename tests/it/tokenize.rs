@@ -606,3 +606,56 @@ async fn a_user_field_named_errmsg_reads_back_as_written() {
         .unwrap();
     assert_eq!(projected, vec![written]);
 }
+
+/// Binary subtype 0x8C holds value tokens in a tokenized database. A
+/// user's own binary of that subtype would read back as a value, so every
+/// way of writing one is refused, naming the subtype; any other subtype is
+/// stored and read back as it is.
+#[tokio::test]
+async fn the_value_token_subtype_is_refused_in_writes() {
+    use bson::spec::BinarySubtype;
+    let proxy = tokenizing_proxy().await;
+    let coll = common::via_proxy(&proxy)
+        .await
+        .database(&db_name("tok", "subtype"))
+        .collection::<Document>("blobs");
+    let blob = |subtype: u8| {
+        Bson::Binary(bson::Binary {
+            subtype: BinarySubtype::UserDefined(subtype),
+            bytes: vec![1],
+        })
+    };
+    let refused = |e: mongodb::error::Error| {
+        let text = e.to_string();
+        assert!(text.contains("laconic:") && text.contains("0x8c"), "{text}");
+        match *e.kind {
+            mongodb::error::ErrorKind::Command(ref c) => c.code,
+            mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(ref w)) => {
+                w.code
+            }
+            ref other => panic!("{other:?}"),
+        }
+    };
+    let e = coll
+        .insert_one(doc! {"_id": 1, "attachment": {"data": blob(0x8C)}})
+        .await
+        .unwrap_err();
+    assert_eq!(refused(e), 115);
+    let e = coll
+        .insert_many(vec![doc! {"_id": 2}, doc! {"_id": 3, "list": [blob(0x8C)]}])
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("0x8c"), "{text}");
+    coll.insert_one(doc! {"_id": 4, "attachment": blob(0x80)})
+        .await
+        .unwrap();
+    let e = coll
+        .update_one(doc! {"_id": 4}, doc! {"$set": {"attachment": blob(0x8C)}})
+        .await
+        .unwrap_err();
+    assert_eq!(refused(e), 115);
+    let kept = coll.find_one(doc! {"_id": 4}).await.unwrap().unwrap();
+    assert_eq!(kept, doc! {"_id": 4, "attachment": blob(0x80)});
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+}

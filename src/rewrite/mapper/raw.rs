@@ -63,6 +63,9 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         let mut copied = 4;
         for e in elements(doc) {
             let e = e?;
+            if e.kind == 0x05 && e.value.get(4) == Some(&VALUE_SUBTYPE) {
+                return Err(Malformed::Reserved);
+            }
             let nested = matches!(e.kind, 0x03 | 0x04);
             if is_array {
                 if nested {
