@@ -258,28 +258,34 @@ mod tests {
         assert!(needed_as(&plain, Strings::Paths) && needed_as(&plain, Strings::Events));
     }
 
+    /// A dictionary of forty names, whose tokens take most control
+    /// characters (a newline among them).
+    fn forty_names() -> crate::token::Dictionary {
+        let mut dict = crate::token::Dictionary::default();
+        let names: Vec<String> = (0..40).map(|i| format!("field{i}")).collect();
+        dict.add_names(&names);
+        dict
+    }
+
+    fn expanded_with(
+        dict: &crate::token::Dictionary,
+        reply: &bson::Document,
+        strings: Strings,
+    ) -> bson::Document {
+        let mut out = Vec::new();
+        let mut unknown = Unknown::default();
+        expand(&bytes(reply.clone()), dict, strings, &mut unknown, &mut out).unwrap();
+        bson::from_slice(&out).unwrap()
+    }
+
     /// Strings are read as paths only where the server writes paths: an
     /// update event's `removedFields`, a validation error's `errInfo`. A
     /// user's field of the same name is data, whatever it holds.
     #[test]
     fn strings_are_paths_only_where_the_server_puts_them() {
-        let mut dict = crate::token::Dictionary::default();
-        let names: Vec<String> = (0..40).map(|i| format!("field{i}")).collect();
-        dict.add_names(&names);
+        let dict = forty_names();
         let token = |n: &str| dict.token(n).unwrap().as_str().to_owned();
-        let expanded = |reply: &bson::Document, strings| {
-            let mut out = Vec::new();
-            let mut unknown = Unknown::default();
-            expand(
-                &bytes(reply.clone()),
-                &dict,
-                strings,
-                &mut unknown,
-                &mut out,
-            )
-            .unwrap();
-            bson::from_slice::<bson::Document>(&out).unwrap()
-        };
+        let expanded = |reply: &bson::Document, strings| expanded_with(&dict, reply, strings);
         let stored = token("field3");
         let user = doc! {
             "removedFields": [&stored],
@@ -323,27 +329,13 @@ mod tests {
     /// was written. Only the server's own messages name fields by tokens.
     #[test]
     fn only_the_servers_messages_are_read_for_names() {
-        let mut dict = crate::token::Dictionary::default();
-        let names: Vec<String> = (0..40).map(|i| format!("field{i}")).collect();
-        dict.add_names(&names);
+        let dict = forty_names();
         // A newline is a token here, as another control character is.
         let newline = dict.name(b"\n").unwrap().to_owned();
         let other = dict.token("field7").unwrap().as_str().to_owned();
         let text = format!("line one\nline two {other}");
         let user = doc! {"_id": 1, "errmsg": &text, "more": {"errmsg": &text}};
-        let expand_data = |reply: &bson::Document, strings| {
-            let mut out = Vec::new();
-            let mut unknown = Unknown::default();
-            expand(
-                &bytes(reply.clone()),
-                &dict,
-                strings,
-                &mut unknown,
-                &mut out,
-            )
-            .unwrap();
-            bson::from_slice::<bson::Document>(&out).unwrap()
-        };
+        let expand_data = |reply: &bson::Document, strings| expanded_with(&dict, reply, strings);
         for reply in [
             doc! {"cursor": {"firstBatch": [user.clone()], "id": 0i64, "ns": "d.c"}, "ok": 1.0},
             doc! {"lastErrorObject": {"n": 1}, "value": user.clone(), "ok": 1.0},
