@@ -360,7 +360,7 @@ fn malformed(e: Malformed) -> Result<Rewritten, ProxyError> {
         Malformed::TooDeep => Err(ProxyError::Overflow),
         Malformed::Invalid(_) => Ok(Rewritten::unchanged(ReplyPlan::Forward)),
         Malformed::Reserved => Err(ProxyError::Unsupported(format!(
-            "laconic: {e} in a tokenized database: a value stored as one would read back as another; store it with another subtype"
+            "{e} in a tokenized database: a value stored as one would read back as another; store it with another subtype"
         ))),
     }
 }
