@@ -358,7 +358,7 @@ impl Names for Dictionary {
     fn token_of<'a>(&'a self, name: &'a [u8]) -> Option<(&'a str, &'a Token)> {
         self.tokens.get_key_value(name).map(|(k, t)| (&*k.0, t))
     }
-    #[inline]
+    #[inline(always)]
     fn name(&self, token: &[u8]) -> Option<&str> {
         match short_slot(token) {
             Some(at) => self.short.get(at)?.as_deref(),

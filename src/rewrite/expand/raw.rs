@@ -6,7 +6,8 @@ use std::borrow::Cow;
 
 use super::{Strings, Unknown};
 use crate::rewrite::walker::{
-    as_str, begin, descend, elements, finish, header, string_of, string_value, Element, Malformed,
+    as_str, begin, descend, elements, finish, header, put, string_of, string_value, Element,
+    Malformed,
 };
 use crate::token::namespace::{
     any_part_reserved, starts_token, value_number, ESCAPE, VALUE_SUBTYPE,
@@ -62,12 +63,18 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
             };
             let logical = key.as_deref().unwrap_or(e.key);
             match e.kind {
+                // An array of plain values (a document's tags, numbers)
+                // has nothing to expand: it stays in the run being copied.
+                0x04 if inner == Strings::Data && !envelope && scalars(e.value) => {
+                    rename(doc, &e, key.as_deref(), &mut copied, out)
+                }
                 0x03 | 0x04 => {
                     match &key {
-                        None => out.extend_from_slice(&doc[copied..e.value_at()]),
+                        None => put(out, &doc[copied..e.value_at()]),
                         Some(k) => {
-                            out.extend_from_slice(&doc[copied..e.at]);
-                            header(out, e.kind, k);
+                            // The run up to the key, type byte included.
+                            put(out, &doc[copied..=e.at]);
+                            key_of(out, k);
                         }
                     }
                     let envelope = envelope
@@ -146,7 +153,11 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         if starts_token(first) {
             if let Some(name) = names.name(stored) {
                 // The common case: a whole key that is a known token.
-                return Ok((Some(Cow::Borrowed(name.as_bytes())), strings.under(name)));
+                let inner = match strings {
+                    Strings::Data => Strings::Data,
+                    _ => strings.under(name),
+                };
+                return Ok((Some(Cow::Borrowed(name.as_bytes())), inner));
             }
         }
         let plain = first != ESCAPE && !starts_token(first) && !stored.contains(&b'.');
@@ -177,10 +188,29 @@ type Renamed<'k> = Option<Cow<'k, [u8]>>;
 #[inline(always)]
 fn rename(doc: &[u8], e: &Element<'_>, key: Option<&[u8]>, copied: &mut usize, out: &mut Vec<u8>) {
     if let Some(k) = key {
-        out.extend_from_slice(&doc[*copied..e.at]);
-        header(out, e.kind, k);
+        put(out, &doc[*copied..=e.at]);
+        key_of(out, k);
         *copied = e.value_at();
     }
+}
+
+/// A key and its NUL, after the type byte the run ended with.
+#[inline]
+fn key_of(out: &mut Vec<u8>, key: &[u8]) {
+    put(out, key);
+    out.push(0);
+}
+
+/// Whether an array holds only values expansion leaves as they are: no
+/// document, array or value token (and nothing malformed).
+fn scalars(array: &[u8]) -> bool {
+    elements(array).all(|e| {
+        e.is_ok_and(|e| match e.kind {
+            0x03 | 0x04 => false,
+            0x05 => e.value.get(4) != Some(&VALUE_SUBTYPE),
+            _ => true,
+        })
+    })
 }
 
 /// Whether anything in a reply needs expanding: a key that is a token or
@@ -256,6 +286,42 @@ mod tests {
         assert!(needed_as(&plain[..plain.len() - 2], Strings::Writes));
         assert!(!needed_as(&plain, Strings::Data));
         assert!(needed_as(&plain, Strings::Paths) && needed_as(&plain, Strings::Events));
+    }
+
+    /// An array of plain values stays in the copied run; one holding a
+    /// document, an array or a value token is expanded, at any position,
+    /// and so is one whose strings are paths.
+    #[test]
+    fn arrays_are_expanded_where_they_hold_something_to_expand() {
+        let mut dict = forty_names();
+        dict.add_values(&["gold".to_owned()]);
+        let token = |n: &str| dict.token(n).unwrap().as_str().to_owned();
+        let (number, len) = crate::token::namespace::value_bytes(0);
+        let value = bson::Bson::Binary(bson::Binary {
+            subtype: bson::spec::BinarySubtype::UserDefined(VALUE_SUBTYPE),
+            bytes: number[..len].to_vec(),
+        });
+        let (f1, f2) = (token("field1"), token("field2"));
+        let stored = doc! {
+            &f1: ["a", 1, 2.5, null, {&f2: 1}],
+            &f2: [1, [2, {&f1: "x"}]],
+            "plain": ["x", value.clone(), 3],
+            "last": ["y", "z"],
+        };
+        let logical = doc! {
+            "field1": ["a", 1, 2.5, null, {"field2": 1}],
+            "field2": [1, [2, {"field1": "x"}]],
+            "plain": ["x", "gold", 3],
+            "last": ["y", "z"],
+        };
+        assert_eq!(expanded_with(&dict, &stored, Strings::Data), logical);
+        let reply =
+            |tags: &str| doc! {"cursor": {"firstBatch": [{"required": [tags, "b"]}]}, "ok": 1.0};
+        assert_eq!(
+            expanded_with(&dict, &reply(&f1), Strings::Paths),
+            reply("field1")
+        );
+        assert_eq!(expanded_with(&dict, &reply(&f1), Strings::Data), reply(&f1));
     }
 
     /// A dictionary of forty names, whose tokens take most control
