@@ -433,7 +433,7 @@ pub fn finish(out: &mut Vec<u8>, start: usize) {
 #[inline(always)]
 pub fn header(out: &mut Vec<u8>, kind: u8, key: &[u8]) {
     out.push(kind);
-    out.extend_from_slice(key);
+    put(out, key);
     out.push(0);
 }
 

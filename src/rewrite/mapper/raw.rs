@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use crate::rewrite::walker::{
-    as_str, begin, descend, elements, finish, header, string_of, Element, Malformed,
+    as_str, begin, descend, elements, finish, header, put, string_of, Element, Malformed,
 };
 use crate::token::namespace::{escape, value_bytes, VALUE_SUBTYPE};
 use crate::token::{Names, Policy};
@@ -69,7 +69,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
             let nested = matches!(e.kind, 0x03 | 0x04);
             if is_array {
                 if nested {
-                    out.extend_from_slice(&doc[copied..e.at]);
+                    put(out, &doc[copied..e.at]);
                     self.value(e, e.key, false, parent, out, depth)?;
                     copied = e.end();
                 }
@@ -79,10 +79,18 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
             parent.push(key);
             let at_value_path =
                 !self.policy.value_paths.is_empty() && self.policy.is_value_path(parent);
-            if nested || at_value_path || *stored != *e.key {
-                out.extend_from_slice(&doc[copied..e.at]);
+            if nested || at_value_path {
+                put(out, &doc[copied..e.at]);
                 self.value(e, &stored, at_value_path, parent, out, depth)?;
                 copied = e.end();
+            } else if *stored != *e.key {
+                // A plain value under a new key: the run up to the key, its
+                // type byte included, then the key; the value starts the
+                // next run.
+                put(out, &doc[copied..=e.at]);
+                put(out, &stored);
+                out.push(0);
+                copied = e.value_at();
             }
             parent.pop();
         }
