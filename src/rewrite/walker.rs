@@ -433,7 +433,14 @@ pub fn finish(out: &mut Vec<u8>, start: usize) {
 #[inline(always)]
 pub fn header(out: &mut Vec<u8>, kind: u8, key: &[u8]) {
     out.push(kind);
-    put(out, key);
+    cstring(out, key);
+}
+
+/// Bytes and their NUL: a key, written after the type byte that a copied
+/// run of unchanged bytes ended with.
+#[inline(always)]
+pub fn cstring(out: &mut Vec<u8>, bytes: &[u8]) {
+    put(out, bytes);
     out.push(0);
 }
 

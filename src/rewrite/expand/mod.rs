@@ -182,7 +182,6 @@ impl Strings {
     /// only where the server puts them: a key of the same name inside a
     /// user's document (an inserted document's `removedFields`, a
     /// duplicate key's value under `errInfo`) is the user's data.
-    #[inline]
     pub(super) fn under(self, key: &str) -> Strings {
         match (self, key) {
             (Strings::Paths, _) => Strings::Paths,

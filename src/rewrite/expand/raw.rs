@@ -6,8 +6,8 @@ use std::borrow::Cow;
 
 use super::{Strings, Unknown};
 use crate::rewrite::walker::{
-    as_str, begin, descend, elements, finish, header, put, string_of, string_value, Element,
-    Malformed,
+    as_str, begin, cstring, descend, elements, finish, header, put, string_of, string_value,
+    Element, Malformed,
 };
 use crate::token::namespace::{
     any_part_reserved, starts_token, value_number, ESCAPE, VALUE_SUBTYPE,
@@ -74,7 +74,7 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                         Some(k) => {
                             // The run up to the key, type byte included.
                             put(out, &doc[copied..=e.at]);
-                            key_of(out, k);
+                            cstring(out, k);
                         }
                     }
                     let envelope = envelope
@@ -152,7 +152,8 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         let first = stored.first().copied().unwrap_or(0);
         if starts_token(first) {
             if let Some(name) = names.name(stored) {
-                // The common case: a whole key that is a known token.
+                // The common case: a whole key that is a known token (in
+                // a user's document, with no call per key to read it).
                 let inner = match strings {
                     Strings::Data => Strings::Data,
                     _ => strings.under(name),
@@ -189,16 +190,9 @@ type Renamed<'k> = Option<Cow<'k, [u8]>>;
 fn rename(doc: &[u8], e: &Element<'_>, key: Option<&[u8]>, copied: &mut usize, out: &mut Vec<u8>) {
     if let Some(k) = key {
         put(out, &doc[*copied..=e.at]);
-        key_of(out, k);
+        cstring(out, k);
         *copied = e.value_at();
     }
-}
-
-/// A key and its NUL, after the type byte the run ended with.
-#[inline]
-fn key_of(out: &mut Vec<u8>, key: &[u8]) {
-    put(out, key);
-    out.push(0);
 }
 
 /// Whether an array holds only values expansion leaves as they are: no

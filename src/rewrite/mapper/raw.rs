@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use crate::rewrite::walker::{
-    as_str, begin, descend, elements, finish, header, put, string_of, Element, Malformed,
+    as_str, begin, cstring, descend, elements, finish, header, put, string_of, Element, Malformed,
 };
 use crate::token::namespace::{escape, value_bytes, VALUE_SUBTYPE};
 use crate::token::{Names, Policy};
@@ -88,8 +88,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
                 // type byte included, then the key; the value starts the
                 // next run.
                 put(out, &doc[copied..=e.at]);
-                put(out, &stored);
-                out.push(0);
+                cstring(out, &stored);
                 copied = e.value_at();
             }
             parent.pop();
