@@ -413,6 +413,115 @@ pub fn put(out: &mut Vec<u8>, src: &[u8]) {
     }
 }
 
+/// Output written into a slice of fixed length, from a position kept in a
+/// local: a rewrite that holds one keeps the slice's address, its length
+/// and the position in registers. (Writing through a `&mut Vec<u8>` makes
+/// every byte stored load the vector's length again: the byte may alias
+/// it.) A write that does not fit fails with [`Full`]; the caller starts
+/// again with more room.
+pub struct Slab<'b> {
+    pub buf: &'b mut [u8],
+    pub pos: usize,
+}
+
+/// A [`Slab`] without room for what was to be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full;
+
+impl Slab<'_> {
+    /// Room for `n` more bytes: where they end.
+    #[inline(always)]
+    fn room(&self, n: usize) -> Result<usize, Full> {
+        let end = self.pos + n;
+        if end > self.buf.len() {
+            return Err(Full);
+        }
+        Ok(end)
+    }
+
+    #[inline(always)]
+    pub fn byte(&mut self, b: u8) -> Result<(), Full> {
+        let slot = self.buf.get_mut(self.pos).ok_or(Full)?;
+        *slot = b;
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// Appends `src`: up to 32 bytes as two fixed-size moves that overlap
+    /// in the middle (most of what a rewrite copies is a key, a number or
+    /// the run of one small value, for which `memcpy` costs more than the
+    /// copy), longer ones with `memcpy`.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub fn put(&mut self, src: &[u8]) -> Result<(), Full> {
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn two<const W: usize>(to: &mut [u8], src: &[u8]) {
+            let n = src.len();
+            if let (Ok(head), Ok(tail), Ok(to_head)) = (
+                <[u8; W]>::try_from(&src[..W]),
+                <[u8; W]>::try_from(&src[n - W..]),
+                <&mut [u8; W]>::try_from(&mut to[..W]),
+            ) {
+                *to_head = head;
+                if let Ok(to_tail) = <&mut [u8; W]>::try_from(&mut to[n - W..]) {
+                    *to_tail = tail;
+                }
+            }
+        }
+        let end = self.room(src.len())?;
+        let to = &mut self.buf[self.pos..end];
+        match src.len() {
+            0..=3 => {
+                for (t, &b) in to.iter_mut().zip(src) {
+                    *t = b;
+                }
+            }
+            4..=7 => two::<4>(to, src),
+            8..=15 => two::<8>(to, src),
+            16..=32 => two::<16>(to, src),
+            _ => to.copy_from_slice(src),
+        }
+        self.pos = end;
+        Ok(())
+    }
+
+    /// Bytes and their NUL (a key).
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub fn cstring(&mut self, bytes: &[u8]) -> Result<(), Full> {
+        self.put(bytes)?;
+        self.byte(0)
+    }
+
+    /// An element's type byte and key.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub fn header(&mut self, kind: u8, key: &[u8]) -> Result<(), Full> {
+        self.byte(kind)?;
+        self.cstring(key)
+    }
+
+    /// A string value: its length, bytes and NUL.
+    pub fn string_value(&mut self, s: &str) -> Result<(), Full> {
+        self.put(&(s.len() as i32 + 1).to_le_bytes())?;
+        self.cstring(s.as_bytes())
+    }
+
+    /// Starts a document: a length prefix to fill in by [`Slab::finish`].
+    #[inline]
+    pub fn begin(&mut self) -> Result<usize, Full> {
+        let start = self.pos;
+        self.put(&[0; 4])?;
+        Ok(start)
+    }
+
+    /// Ends the document begun at `start`: its NUL and its length.
+    #[inline]
+    pub fn finish(&mut self, start: usize) -> Result<(), Full> {
+        self.byte(0)?;
+        let len = (self.pos - start) as i32;
+        self.buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        Ok(())
+    }
+}
+
 /// Starts a document in `out`: a length prefix to fill in by [`finish`].
 #[inline]
 pub fn begin(out: &mut Vec<u8>) -> usize {
@@ -646,6 +755,47 @@ mod tests {
             assert_eq!(&out[..3], &[0xEE; 3]);
             assert_eq!(&out[3..], &src[..len], "{len} bytes");
         }
+    }
+
+    /// What fits is written exactly, after what is there; what does not
+    /// fit is refused and writes nothing.
+    #[test]
+    fn a_slab_writes_exactly_what_fits() {
+        let src: Vec<u8> = (1..=80).collect();
+        for len in 0..=src.len() {
+            for room in [len, len + 1, len + 40] {
+                let mut buf = vec![0xEE; 3 + room];
+                let mut slab = Slab {
+                    buf: &mut buf,
+                    pos: 3,
+                };
+                slab.put(&src[..len]).unwrap();
+                assert_eq!(slab.pos, 3 + len);
+                assert_eq!(&buf[..3], &[0xEE; 3]);
+                assert_eq!(&buf[3..3 + len], &src[..len], "{len} bytes");
+                assert!(buf[3 + len..].iter().all(|&b| b == 0xEE));
+            }
+            if len > 0 {
+                let mut buf = vec![0xEE; 2 + len];
+                let mut slab = Slab {
+                    buf: &mut buf,
+                    pos: 3,
+                };
+                assert_eq!(slab.put(&src[..len]), Err(Full));
+                assert_eq!(slab.pos, 3);
+                assert!(buf.iter().all(|&b| b == 0xEE));
+            }
+        }
+        let mut buf = [0u8; 2];
+        let mut slab = Slab {
+            buf: &mut buf,
+            pos: 0,
+        };
+        assert_eq!(slab.header(0x10, b"a"), Err(Full));
+        slab.pos = 0;
+        assert_eq!(slab.cstring(b"a"), Ok(()));
+        assert_eq!(slab.byte(1), Err(Full));
+        assert_eq!(buf, [b'a', 0]);
     }
 
     #[test]

@@ -6,8 +6,7 @@ use std::borrow::Cow;
 
 use super::{Strings, Unknown};
 use crate::rewrite::walker::{
-    as_str, begin, cstring, descend, elements, finish, header, put, string_of, string_value,
-    Element, Malformed,
+    as_str, descend, elements, string_of, Element, Full, Malformed, Slab,
 };
 use crate::token::namespace::{
     any_part_reserved, starts_token, value_number, ESCAPE, VALUE_SUBTYPE,
@@ -22,7 +21,54 @@ pub fn expand<N: Names + ?Sized>(
     unknown: &mut Unknown,
     out: &mut Vec<u8>,
 ) -> Result<(), Malformed> {
-    Expander { names, unknown }.doc(doc, false, strings, true, out, 0)
+    let base = out.len();
+    let (names_known, values_known) = (unknown.names.len(), unknown.values.len());
+    // Room for twice the stored bytes (or what `out` has room for, if
+    // more) is enough for most replies; one that needs more is expanded
+    // again with twice the room, and so on.
+    let mut room = (doc.len() * 2).max(out.capacity() - base).max(64);
+    loop {
+        out.resize(base + room, 0);
+        let ran = Expander {
+            names,
+            unknown: &mut *unknown,
+        }
+        .doc(doc, false, strings, true, (&mut out[base..], 0), 0);
+        match ran {
+            Ok(end) => {
+                out.truncate(base + end);
+                return Ok(());
+            }
+            Err(Stop::Full) => {
+                unknown.names.truncate(names_known);
+                unknown.values.truncate(values_known);
+                room *= 2;
+            }
+            Err(Stop::Malformed(m)) => {
+                out.truncate(base);
+                return Err(m);
+            }
+        }
+    }
+}
+
+/// Why an expansion stopped: input it cannot go through, or output that
+/// did not fit in the room it was given.
+enum Stop {
+    Malformed(Malformed),
+    Full,
+}
+
+impl From<Malformed> for Stop {
+    fn from(m: Malformed) -> Stop {
+        Stop::Malformed(m)
+    }
+}
+
+impl From<Full> for Stop {
+    fn from(_: Full) -> Stop {
+        Stop::Full
+    }
 }
 
 /// One dictionary, and what it lacked.
@@ -41,17 +87,22 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
     /// reports (`writeErrors`, `writeConcernError`), whose `errmsg` the
     /// server wrote and may name fields in. Anywhere else (a cursor's
     /// documents, a `findAndModify` value) an `errmsg` is the user's data.
+    ///
+    /// Writes into `out.0` from `out.1`, and returns where it stopped.
+    /// (The slice and the position are passed apart, in registers, and
+    /// held in a local [`Slab`].)
     fn doc(
         &mut self,
         doc: &[u8],
         is_array: bool,
         strings: Strings,
         envelope: bool,
-        out: &mut Vec<u8>,
+        (buf, pos): (&mut [u8], usize),
         depth: usize,
-    ) -> Result<(), Malformed> {
+    ) -> Result<usize, Stop> {
+        let mut out = Slab { buf, pos };
         let names = self.names;
-        let start = begin(out);
+        let start = out.begin()?;
         // `doc[..copied]` is in `out` already (its length prefix written anew).
         let mut copied = 4;
         for e in elements(doc) {
@@ -66,25 +117,25 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                 // An array of plain values (a document's tags, numbers)
                 // has nothing to expand: it stays in the run being copied.
                 0x04 if inner == Strings::Data && !envelope && scalars(e.value) => {
-                    rename(doc, &e, key.as_deref(), &mut copied, out)
+                    rename(doc, &e, key.as_deref(), &mut copied, &mut out)?
                 }
                 0x03 | 0x04 => {
                     match &key {
-                        None => put(out, &doc[copied..e.value_at()]),
+                        None => out.put(&doc[copied..e.value_at()])?,
                         Some(k) => {
                             // The run up to the key, type byte included.
-                            put(out, &doc[copied..=e.at]);
-                            cstring(out, k);
+                            out.put(&doc[copied..=e.at])?;
+                            out.cstring(k)?;
                         }
                     }
                     let envelope = envelope
                         && (is_array || matches!(logical, b"writeErrors" | b"writeConcernError"));
-                    self.doc(
+                    out.pos = self.doc(
                         e.value,
                         e.kind == 0x04,
                         inner,
                         envelope,
-                        out,
+                        (&mut *out.buf, out.pos),
                         descend(depth)?,
                     )?;
                     copied = e.end();
@@ -93,16 +144,16 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                     let bytes = e.value.get(5..).unwrap_or_default();
                     match value_number(bytes).map(|n| (n, names.value(n))) {
                         Some((_, Some(v))) => {
-                            out.extend_from_slice(&doc[copied..e.at]);
-                            header(out, 0x02, logical);
-                            string_value(out, v);
+                            out.put(&doc[copied..e.at])?;
+                            out.header(0x02, logical)?;
+                            out.string_value(v)?;
                             copied = e.end();
                         }
                         other => {
                             if let Some((n, None)) = other {
                                 self.unknown.values.push(n);
                             }
-                            rename(doc, &e, key.as_deref(), &mut copied, out);
+                            rename(doc, &e, key.as_deref(), &mut copied, &mut out)?;
                         }
                     }
                 }
@@ -117,24 +168,24 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                     };
                     match expanded {
                         Some(s) => {
-                            out.extend_from_slice(&doc[copied..e.at]);
-                            header(out, e.kind, logical);
-                            string_value(out, &s);
+                            out.put(&doc[copied..e.at])?;
+                            out.header(e.kind, logical)?;
+                            out.string_value(&s)?;
                             copied = e.end();
                         }
-                        None => rename(doc, &e, key.as_deref(), &mut copied, out),
+                        None => rename(doc, &e, key.as_deref(), &mut copied, &mut out)?,
                     }
                 }
-                _ => rename(doc, &e, key.as_deref(), &mut copied, out),
+                _ => rename(doc, &e, key.as_deref(), &mut copied, &mut out)?,
             }
         }
         // The run left, without the final NUL that `finish` writes.
-        out.extend_from_slice(
+        out.put(
             doc.get(copied..doc.len().saturating_sub(1))
                 .unwrap_or_default(),
-        );
-        finish(out, start);
-        Ok(())
+        )?;
+        out.finish(start)?;
+        Ok(out.pos)
     }
 
     /// The logical form of a document's key (`None`: the key as it is),
@@ -187,12 +238,19 @@ type Renamed<'k> = Option<Cow<'k, [u8]>>;
 /// too (it joins the run being copied); otherwise the run up to it, then
 /// its type and new key, and its value starts the next run.
 #[inline(always)]
-fn rename(doc: &[u8], e: &Element<'_>, key: Option<&[u8]>, copied: &mut usize, out: &mut Vec<u8>) {
+fn rename(
+    doc: &[u8],
+    e: &Element<'_>,
+    key: Option<&[u8]>,
+    copied: &mut usize,
+    out: &mut Slab<'_>,
+) -> Result<(), Full> {
     if let Some(k) = key {
-        put(out, &doc[*copied..=e.at]);
-        cstring(out, k);
+        out.put(&doc[*copied..=e.at])?;
+        out.cstring(k)?;
         *copied = e.value_at();
     }
+    Ok(())
 }
 
 /// Whether an array holds only values expansion leaves as they are: no
@@ -336,6 +394,60 @@ mod tests {
         let mut unknown = Unknown::default();
         expand(&bytes(reply.clone()), dict, strings, &mut unknown, &mut out).unwrap();
         bson::from_slice(&out).unwrap()
+    }
+
+    /// Output that outgrows the room it starts with (twice the stored
+    /// bytes) is expanded again with more, whatever the prefix already in
+    /// the buffer, and each unknown token is reported once, not once per
+    /// try.
+    #[test]
+    fn an_expansion_larger_than_its_first_room_is_whole() {
+        let long = |i: usize| format!("{i:02}-{}", "a_long_field_name".repeat(4));
+        let mut known = crate::token::Dictionary::default();
+        known.add_names(&(0..40).map(long).collect::<Vec<_>>());
+        let mut more = known.clone();
+        more.add_names(&[long(40)]);
+        let token = |i: usize| more.token(&long(i)).unwrap().as_str().to_owned();
+        let mut stored = bson::Document::new();
+        let mut logical = bson::Document::new();
+        for i in 0..40 {
+            stored.insert(token(i), i as i32);
+            logical.insert(long(i), i as i32);
+        }
+        let stored = doc! {"cursor": {"firstBatch": [&stored, &stored], "id": 0i64}, "ok": 1.0};
+        let logical = doc! {"cursor": {"firstBatch": [&logical, &logical], "id": 0i64}, "ok": 1.0};
+        let raw = bytes(stored.clone());
+        for prefix in [0, 3, 5000] {
+            let mut out = vec![0xEE; prefix];
+            let mut unknown = Unknown::default();
+            expand(&raw, &known, Strings::Data, &mut unknown, &mut out).unwrap();
+            assert!(
+                out.len() - prefix > 8 * raw.len(),
+                "{} {}",
+                out.len(),
+                raw.len()
+            );
+            assert_eq!(&out[..prefix], vec![0xEE; prefix]);
+            assert_eq!(
+                bson::from_slice::<bson::Document>(&out[prefix..]).unwrap(),
+                logical
+            );
+            assert!(unknown.is_empty());
+        }
+        // One key the dictionary lacks, among names that outgrow the room.
+        let mut with_unknown = stored.clone();
+        with_unknown.insert(token(40), 1);
+        let mut unknown = Unknown::default();
+        expand(
+            &bytes(with_unknown),
+            &known,
+            Strings::Data,
+            &mut unknown,
+            &mut Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(unknown.names.len(), 1, "{:?}", unknown.names);
+        assert!(unknown.values.is_empty());
     }
 
     /// Strings are read as paths only where the server writes paths: an
