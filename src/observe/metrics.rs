@@ -38,12 +38,12 @@ struct Histogram {
 }
 
 impl Histogram {
+    /// Counts `d` in the one bucket it falls in (the rendering adds them
+    /// up): one atomic add per request, not one per bucket above it.
     fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (b, bound) in self.buckets.iter().zip(BUCKETS) {
-            if secs <= bound {
-                b.fetch_add(1, Relaxed);
-            }
+        if let Some(at) = BUCKETS.iter().position(|&bound| secs <= bound) {
+            self.buckets[at].fetch_add(1, Relaxed);
         }
         self.count.fetch_add(1, Relaxed);
         self.sum_micros
@@ -157,11 +157,14 @@ impl Metrics {
     }
 
     pub fn request(&self, command: &str, took: Duration) {
-        if !self.off {
-            self.requests
-                .entry(command_label(command))
-                .or_default()
-                .observe(took);
+        if self.off {
+            return;
+        }
+        let label = command_label(command);
+        // A command seen before, the common case, takes no write lock.
+        match self.requests.get(label) {
+            Some(h) => h.observe(took),
+            None => self.requests.entry(label).or_default().observe(took),
         }
     }
 
@@ -309,11 +312,12 @@ impl Metrics {
             let Some(h) = self.requests.get(c) else {
                 continue;
             };
+            let mut below = 0;
             for (b, bound) in h.buckets.iter().zip(BUCKETS) {
+                below += b.load(Relaxed);
                 let _ = writeln!(
                     out,
-                    "laconic_request_duration_seconds_bucket{{command=\"{c}\",le=\"{bound}\"}} {}",
-                    b.load(Relaxed)
+                    "laconic_request_duration_seconds_bucket{{command=\"{c}\",le=\"{bound}\"}} {below}"
                 );
             }
             let count = h.count.load(Relaxed);
@@ -571,15 +575,21 @@ mod tests {
         m.connection_opened();
         m.request("insert", Duration::from_micros(300));
         m.request("insert", Duration::from_millis(20));
+        m.request("insert", Duration::from_secs(7));
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
         let text = m.render(&[status("app", 12)]);
         for line in [
             "laconic_connections_open 1",
-            "laconic_requests_total{command=\"insert\"} 2",
+            "laconic_requests_total{command=\"insert\"} 3",
+            // Buckets count every request at or below their bound.
+            "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"0.00025\"} 0",
             "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"0.0005\"} 1",
-            "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"+Inf\"} 2",
+            "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"0.01\"} 1",
+            "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"0.025\"} 2",
+            "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"5\"} 2",
+            "laconic_request_duration_seconds_bucket{command=\"insert\",le=\"+Inf\"} 3",
             "laconic_bytes_total{leg=\"client\",direction=\"in\"} 100",
             "laconic_document_bytes_saved_total{db=\"app\",collection=\"users\",op=\"write\"} 400",
             "laconic_name_store_names{scope=\"app\"} 12",
