@@ -641,6 +641,24 @@ mod tests {
         d
     }
 
+    /// Every token reads back as its name, whether it is of one byte, of
+    /// two (the table by position) or longer (by hash).
+    #[test]
+    fn every_token_gives_its_name() {
+        let mut dict = Dictionary::default();
+        let names: Vec<String> = (0..4000).map(|i| format!("name-{i}")).collect();
+        dict.add_names(&names);
+        let mut lengths = std::collections::BTreeSet::new();
+        for name in &names {
+            let token = *dict.token(name).unwrap();
+            lengths.insert(token.as_bytes().len());
+            assert_eq!(dict.name(token.as_bytes()), Some(name.as_str()));
+        }
+        assert_eq!(lengths, [1, 2, 3].into());
+        assert_eq!(dict.name(b"\x1e\x7e\x7e\x7e"), None);
+        assert_eq!(dict.name(b"plain"), None);
+    }
+
     #[test]
     fn a_well_formed_chain_builds_and_edits_are_found() {
         let e = Epoch([7; 16]);
