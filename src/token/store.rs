@@ -155,6 +155,23 @@ struct Scope {
     stale: std::sync::atomic::AtomicBool,
     /// Why the last read failed, until one succeeds (for `/readyz`).
     unreadable: parking_lot::Mutex<Option<String>>,
+    /// The dictionary the last read built, and the digest of the bytes it
+    /// was built from.
+    last_read: parking_lot::Mutex<Option<(Arc<Dictionary>, Digest)>>,
+}
+
+/// SHA-256 of the documents a read of the store returned, in their order.
+type Digest = [u8; 32];
+
+fn digest_of(docs: &[bson::RawDocumentBuf]) -> Digest {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for d in docs {
+        // Each document starts with its length: the concatenation is
+        // unambiguous.
+        h.update(d.as_bytes());
+    }
+    h.finalize().into()
 }
 
 /// A database's dictionary status, for `/readyz` and `/metrics`.
@@ -365,8 +382,14 @@ impl NameStore {
             return Ok(RoundTrips(0)); // a read finished while this one waited
         }
         let previous = cell.state.read().clone();
+        // The digest of the bytes the current dictionary was built from, if
+        // nothing has replaced it since.
+        let built_from = match (&previous, &*cell.last_read.lock()) {
+            (State::Ready(now), Some((read, digest))) if Arc::ptr_eq(now, read) => Some(*digest),
+            _ => None,
+        };
         cell.stale.store(false, Ordering::Release);
-        let (state, trips) = match self.read(scope, &previous).await {
+        let (state, trips, digest) = match self.read(scope, &previous, built_from).await {
             Ok(r) => r,
             Err(e) => {
                 cell.stale.store(true, Ordering::Release);
@@ -375,6 +398,10 @@ impl NameStore {
             }
         };
         *cell.unreadable.lock() = None;
+        *cell.last_read.lock() = match &state {
+            State::Ready(d) => Some((d.clone(), digest)),
+            _ => None,
+        };
         self.settle(scope, &cell, state);
         cell.reloads.fetch_add(1, Ordering::Release);
         Ok(trips)
@@ -510,11 +537,26 @@ impl NameStore {
 
     /// Reads `scope`'s collection and judges what it holds against
     /// `previous`, what this proxy knew.
-    async fn read(&self, scope: &str, previous: &State) -> Result<(State, RoundTrips), StoreError> {
+    /// Reads `scope`'s dictionary and judges it against `previous`.
+    /// `built_from`: the digest of the bytes `previous` was built from,
+    /// when it is the dictionary the last read built. Bytes with the same
+    /// digest would build it again and pass every check it passed, so the
+    /// once-a-second revalidation of an unchanged store costs a read and a
+    /// digest, not a rebuild of every name and its check. Any change to
+    /// the store (an added, edited or removed entry, another identity, the
+    /// mark) changes the bytes, and any other change to `previous` (names
+    /// this proxy added) makes it another dictionary: both take the full
+    /// path.
+    async fn read(
+        &self,
+        scope: &str,
+        previous: &State,
+        built_from: Option<Digest>,
+    ) -> Result<(State, RoundTrips, Digest), StoreError> {
         // One round trip: the mark first, then the dictionary. The mark is
         // raised after names are added, so whatever it counts is already in
         // the dictionary read after it.
-        let mut docs: Vec<Document> = self
+        let raw: Vec<bson::RawDocumentBuf> = self
             .inner
             .client
             .database(scope)
@@ -524,11 +566,36 @@ impl NameStore {
                 doc! {"$set": {"_id": "__mark"}},
                 doc! {"$unionWith": {"coll": COLLECTION}},
             ])
+            .with_type::<bson::RawDocumentBuf>()
             .await
             .map_err(|e| StoreError::from_driver("aggregate", e))?
             .try_collect()
             .await
             .map_err(|e| StoreError::from_driver("aggregate", e))?;
+        let digest = digest_of(&raw);
+        // A document the server sent that does not parse: not to be trusted.
+        let decode = |d: &bson::RawDocumentBuf| {
+            d.to_document().map_err(|e| {
+                StoreError::from(Integrity::Edited {
+                    scope: scope.to_owned(),
+                    what: format!("a document of its store cannot be read: {e}"),
+                })
+            })
+        };
+        if built_from == Some(digest) {
+            // Migration markers are read again all the same: they are few.
+            let markers = raw
+                .iter()
+                .filter(|d| {
+                    d.get_str("_id")
+                        .is_ok_and(|id| id.starts_with("migration/"))
+                })
+                .map(decode)
+                .collect::<Result<Vec<_>, _>>()?;
+            self.note_migrations(scope, &markers);
+            return Ok((previous.clone(), RoundTrips(1), digest));
+        }
+        let mut docs = raw.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
         let mark = match docs.first() {
             Some(d) if d.get_str("_id") == Ok("__mark") => parse_mark(&docs.remove(0)),
             _ => None,
@@ -593,7 +660,7 @@ impl NameStore {
                 },
             },
         };
-        Ok((state, RoundTrips(trips)))
+        Ok((state, RoundTrips(trips), digest))
     }
 
     /// Raises the mark to what the dictionary now holds, after names or
