@@ -536,8 +536,8 @@ impl NameStore {
     }
 
     /// Reads `scope`'s collection and judges what it holds against
-    /// `previous`, what this proxy knew.
-    /// Reads `scope`'s dictionary and judges it against `previous`.
+    /// `previous`, what this proxy knew; returns the digest of what it read.
+    ///
     /// `built_from`: the digest of the bytes `previous` was built from,
     /// when it is the dictionary the last read built. Bytes with the same
     /// digest would build it again and pass every check it passed, so the
