@@ -82,6 +82,9 @@ pub struct Measurement {
     pub p99: Duration,
     /// The proxy process's CPU time over the case (none for "direct").
     pub cpu: Option<Duration>,
+    /// The proxy's CPU µs per operation in each round, in the order the
+    /// rounds ran.
+    pub per_round: Vec<Option<f64>>,
 }
 
 /// The latencies of one timed run.
@@ -96,6 +99,10 @@ impl Measurement {
     fn from_samples(samples: Vec<Sample>) -> Measurement {
         let elapsed = samples.iter().map(|s| s.elapsed).sum();
         let cpu = samples.iter().map(|s| s.cpu).sum();
+        let per_round = samples
+            .iter()
+            .map(|s| s.cpu.map(|c| per_op(c, s.latencies.len())))
+            .collect();
         let mut all: Vec<Duration> = samples.into_iter().flat_map(|s| s.latencies).collect();
         all.sort();
         let pct = |p: f64| {
@@ -109,6 +116,7 @@ impl Measurement {
             p50: pct(0.50),
             p99: pct(0.99),
             cpu,
+            per_round,
         }
     }
 
@@ -118,9 +126,27 @@ impl Measurement {
 
     /// The proxy's CPU time per operation, in µs.
     pub fn cpu_per_op(&self) -> Option<f64> {
-        self.cpu
-            .map(|c| c.as_secs_f64() * 1e6 / self.ops.max(1) as f64)
+        self.cpu.map(|c| per_op(c, self.ops))
     }
+
+    /// This proxy's CPU per operation over `base`'s, round by round: the
+    /// two ran next to each other in each round, so each ratio is read
+    /// under one state of a shared machine, which drifts between rounds.
+    pub fn cpu_ratios(&self, base: &Measurement) -> Vec<f64> {
+        self.per_round
+            .iter()
+            .zip(&base.per_round)
+            .filter_map(|(m, b)| match (m, b) {
+                (Some(m), Some(b)) if *b > 0.0 => Some(m / b),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// CPU time in µs per operation.
+fn per_op(cpu: Duration, ops: usize) -> f64 {
+    cpu.as_secs_f64() * 1e6 / ops.max(1) as f64
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,7 +362,7 @@ fn print_summary(summary: &[Case]) {
     println!();
     println!("ops/s against direct, and the proxies' CPU µs per operation:");
     println!(
-        "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>14} {:>18}",
+        "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>12} {:>14} {:>18}",
         "operation",
         "c",
         "relay",
@@ -346,6 +372,7 @@ fn print_summary(summary: &[Case]) {
         "laconic",
         "tokenizing",
         "tok CPU/relay",
+        "per round",
         "metrics on/off",
         "tls/plain (p50)"
     );
@@ -370,6 +397,10 @@ fn print_summary(summary: &[Case]) {
             (Some(t), Some(r)) if r > 0.0 => format!("{:.2}x", t / r),
             _ => "-".into(),
         };
+        let rounds = match (get("tokenizing"), get("relay")) {
+            (Some(t), Some(r)) => spread(&t.cpu_ratios(r)),
+            _ => "-".into(),
+        };
         let tls = get("tls").map_or("-".into(), |t| {
             let plain = get("tokenizing");
             format!(
@@ -379,7 +410,7 @@ fn print_summary(summary: &[Case]) {
             )
         });
         println!(
-            "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>14} {:>18}",
+            "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>12} {:>14} {:>18}",
             op.name(),
             c,
             ratio(get("relay"), Some(d)),
@@ -389,9 +420,20 @@ fn print_summary(summary: &[Case]) {
             cpu("laconic"),
             cpu("tokenizing"),
             tok_vs_relay,
+            rounds,
             ratio(get("tokenizing"), get("no-metrics")),
             tls,
         );
+    }
+}
+
+/// The lowest and highest of some ratios ("1.31-1.62"), or "-" for none.
+fn spread(ratios: &[f64]) -> String {
+    let lo = ratios.iter().copied().reduce(f64::min);
+    let hi = ratios.iter().copied().reduce(f64::max);
+    match (lo, hi) {
+        (Some(lo), Some(hi)) => format!("{lo:.2}-{hi:.2}"),
+        _ => "-".into(),
     }
 }
 
@@ -542,4 +584,34 @@ async fn measure(
         elapsed,
         cpu,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(ops: usize, cpu_ms: Option<u64>) -> Sample {
+        Sample {
+            latencies: vec![Duration::from_micros(100); ops],
+            elapsed: Duration::from_secs(1),
+            cpu: cpu_ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn cpu_ratios_pair_the_rounds() {
+        // Round 1: 200 against 100 µs per op; round 2: 150 against 120.
+        let tok = Measurement::from_samples(vec![round(1000, Some(200)), round(2000, Some(300))]);
+        let relay = Measurement::from_samples(vec![round(1000, Some(100)), round(2500, Some(300))]);
+        assert_eq!(tok.per_round, vec![Some(200.0), Some(150.0)]);
+        assert_eq!(tok.cpu_ratios(&relay), vec![2.0, 1.25]);
+        assert_eq!(spread(&tok.cpu_ratios(&relay)), "1.25-2.00");
+        // Over the whole case: 500 ms for 3,000 ops against 400 ms for 3,500.
+        let whole = tok.cpu_per_op().unwrap() / relay.cpu_per_op().unwrap();
+        assert!((whole - (500.0 / 3000.0) / (400.0 / 3500.0)).abs() < 1e-9);
+        // A round without a CPU reading pairs with nothing.
+        let direct = Measurement::from_samples(vec![round(10, None), round(10, None)]);
+        assert!(tok.cpu_ratios(&direct).is_empty());
+        assert_eq!(spread(&[]), "-");
+    }
 }
