@@ -7,7 +7,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use laconic::rewrite::mapper::raw;
 use laconic::rewrite::{expand, walker};
 use laconic::token::{Dictionary, Policy};
-use laconic::tools::bench::rewrite::sample;
+use laconic::tools::bench::rewrite::{cursor_batch, sample};
 
 fn rewrite(c: &mut Criterion) {
     let (logical, policy, dict) = sample();
@@ -32,26 +32,7 @@ fn rewrite(c: &mut Criterion) {
 
     // The reply of the proxy benchmark's cursor read: 1,000 small documents
     // in one batch, every name but `_id` a token.
-    let policy = Policy::new(1, &[], "laconic");
-    let docs: Vec<bson::Document> = (0..1000i64)
-        .map(|i| bson::doc! { "_id": i, "name": format!("user-{i}"), "email": format!("user{i}@example.com"), "score": i * 7, "tags": ["a", "b", "c"] })
-        .collect();
-    let mut dict = Dictionary::default();
-    let mut names = Vec::new();
-    laconic::rewrite::mapper::paths::collect_names(&docs[0], &policy, &mut names);
-    dict.add_names(&names);
-    let reply = |docs: Vec<bson::Document>| {
-        RawDocumentBuf::from_document(
-            &bson::doc! {"cursor": {"firstBatch": docs, "id": 0i64, "ns": "bench.c"}, "ok": 1.0},
-        )
-        .unwrap()
-    };
-    let logical = reply(docs.clone());
-    let stored: Vec<bson::Document> = docs
-        .iter()
-        .map(|d| laconic::rewrite::mapper::paths::document(d, &mut Vec::new(), &policy, &dict))
-        .collect();
-    let stored = reply(stored);
+    let (logical, stored, dict) = cursor_batch();
     let mut g = c.benchmark_group("cursor_batch_1000");
     g.throughput(Throughput::Bytes(logical.as_bytes().len() as u64));
     g.bench_function("element_copy", |b| {

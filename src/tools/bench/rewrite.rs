@@ -72,6 +72,47 @@ pub fn sample() -> (Document, Policy, Dictionary) {
     (logical, policy, dict)
 }
 
+/// The reply of `laconic bench proxy`'s cursor read: its 1,000 documents
+/// in one batch, as the driver reads them and as they are stored with every
+/// name but `_id` a token, and the dictionary of those tokens.
+pub fn cursor_batch() -> (RawDocumentBuf, RawDocumentBuf, Dictionary) {
+    let policy = Policy::new(1, &[], "laconic");
+    let docs: Vec<Document> = (0..1000).map(super::sample).collect();
+    let mut dict = Dictionary::default();
+    let mut names = Vec::new();
+    tokenize::collect_names(&docs[0], &policy, &mut names);
+    dict.add_names(&names);
+    let reply = |docs: Vec<Document>| {
+        RawDocumentBuf::from_document(
+            &doc! {"cursor": {"firstBatch": docs, "id": 0i64, "ns": "bench.c"}, "ok": 1.0},
+        )
+        .unwrap_or_default()
+    };
+    let stored = docs
+        .iter()
+        .map(|d| tokenize::document(d, &mut Vec::new(), &policy, &dict))
+        .collect();
+    (reply(docs), reply(stored), dict)
+}
+
+/// The 10th, 50th and 90th percentiles of single calls of `f`, in µs, over
+/// `length`, with `pause` between calls.
+fn per_call<F: FnMut()>(length: Duration, pause: Duration, mut f: F) -> [f64; 3] {
+    let start = Instant::now();
+    let mut calls = Vec::new();
+    while start.elapsed() < length {
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        let t = Instant::now();
+        f();
+        calls.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    calls.sort_by(f64::total_cmp);
+    let at = |p: f64| calls[((calls.len() as f64 * p) as usize).min(calls.len() - 1)];
+    [at(0.1), at(0.5), at(0.9)]
+}
+
 pub fn run(args: &RewriteArgs) {
     let (logical, policy, dict) = sample();
 
@@ -134,4 +175,21 @@ pub fn run(args: &RewriteArgs) {
         exp_ns / walk_ns,
         size as f64 / (tok_ns + exp_ns) * 1e3,
     );
+
+    // The same work call by call: on a shared machine the same call can
+    // take twice as long in some periods as in others, and more often
+    // after the core was idle, as a proxy's core is between replies.
+    let (_, batch, batch_dict) = cursor_batch();
+    let mut expand_batch = || {
+        std::hint::black_box(expand::raw_document(&batch, &batch_dict).ok());
+    };
+    let busy = per_call(length, Duration::ZERO, &mut expand_batch);
+    let paused = per_call(length, Duration::from_micros(300), &mut expand_batch);
+    println!(
+        "expand the proxy benchmark's cursor batch ({} B stored), µs per call (p10 / p50 / p90):",
+        batch.as_bytes().len()
+    );
+    for (name, [p10, p50, p90]) in [("back to back", busy), ("after 300 µs idle", paused)] {
+        println!("  {name:<18} {p10:>8.1} {p50:>8.1} {p90:>8.1}");
+    }
 }
