@@ -362,7 +362,7 @@ fn print_summary(summary: &[Case]) {
     println!();
     println!("ops/s against direct, and the proxies' CPU µs per operation:");
     println!(
-        "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>12} {:>14} {:>18}",
+        "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>18} {:>14} {:>18}",
         "operation",
         "c",
         "relay",
@@ -372,7 +372,7 @@ fn print_summary(summary: &[Case]) {
         "laconic",
         "tokenizing",
         "tok CPU/relay",
-        "per round",
+        "median per round",
         "metrics on/off",
         "tls/plain (p50)"
     );
@@ -410,7 +410,7 @@ fn print_summary(summary: &[Case]) {
             )
         });
         println!(
-            "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>12} {:>14} {:>18}",
+            "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>18} {:>14} {:>18}",
             op.name(),
             c,
             ratio(get("relay"), Some(d)),
@@ -427,12 +427,21 @@ fn print_summary(summary: &[Case]) {
     }
 }
 
-/// The lowest and highest of some ratios ("1.31-1.62"), or "-" for none.
+/// The median of some ratios, with the lowest and highest ("1.45
+/// (1.31-1.62)"), or "-" for none.
 fn spread(ratios: &[f64]) -> String {
-    let lo = ratios.iter().copied().reduce(f64::min);
-    let hi = ratios.iter().copied().reduce(f64::max);
-    match (lo, hi) {
-        (Some(lo), Some(hi)) => format!("{lo:.2}-{hi:.2}"),
+    let mut r = ratios.to_vec();
+    r.sort_by(f64::total_cmp);
+    match (r.first(), r.last()) {
+        (Some(lo), Some(hi)) => {
+            let mid = r.len() / 2;
+            let median = if r.len().is_multiple_of(2) {
+                (r[mid - 1] + r[mid]) / 2.0
+            } else {
+                r[mid]
+            };
+            format!("{median:.2} ({lo:.2}-{hi:.2})")
+        }
         _ => "-".into(),
     }
 }
@@ -605,7 +614,8 @@ mod tests {
         let relay = Measurement::from_samples(vec![round(1000, Some(100)), round(2500, Some(300))]);
         assert_eq!(tok.per_round, vec![Some(200.0), Some(150.0)]);
         assert_eq!(tok.cpu_ratios(&relay), vec![2.0, 1.25]);
-        assert_eq!(spread(&tok.cpu_ratios(&relay)), "1.25-2.00");
+        assert_eq!(spread(&tok.cpu_ratios(&relay)), "1.62 (1.25-2.00)");
+        assert_eq!(spread(&[1.5, 1.1, 3.0]), "1.50 (1.10-3.00)");
         // Over the whole case: 500 ms for 3,000 ops against 400 ms for 3,500.
         let whole = tok.cpu_per_op().unwrap() / relay.cpu_per_op().unwrap();
         assert!((whole - (500.0 / 3000.0) / (400.0 / 3500.0)).abs() < 1e-9);
