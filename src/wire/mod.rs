@@ -19,6 +19,8 @@ pub use legacy::{OpQuery, OpReply};
 pub use op_compressed::{may_compress, Compressor, OpCompressed};
 pub use op_msg::{DocumentSequence, MsgBody, MsgFlags, OpMsg, Section};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 /// Why a message could not be decoded. Each of these closes the connection
@@ -72,11 +74,13 @@ pub enum Message {
     Compressed(OpCompressed),
 }
 
-/// One complete wire message.
+/// One complete wire message. A clone shares the parsed message and the
+/// bytes (a request forwarded as it came is a clone of the one the
+/// exchange keeps).
 #[derive(Clone, Debug)]
 pub struct Frame {
     pub header: Header,
-    message: Message,
+    message: Arc<Message>,
     /// The bytes this frame was parsed from, while it is unchanged.
     raw: Option<Bytes>,
 }
@@ -106,7 +110,7 @@ impl Frame {
         };
         Ok(Frame {
             header,
-            message,
+            message: Arc::new(message),
             raw: Some(raw),
         })
     }
@@ -126,7 +130,7 @@ impl Frame {
                 response_to,
                 op_code,
             },
-            message,
+            message: Arc::new(message),
             raw: None,
         };
         frame.header.length = frame.encoded_len() as i32;
@@ -162,7 +166,7 @@ impl Frame {
         });
         Frame {
             header,
-            message,
+            message: Arc::new(message),
             raw: Some(raw),
         }
     }
@@ -174,12 +178,12 @@ impl Frame {
     }
 
     pub fn into_message(self) -> Message {
-        self.message
+        Arc::unwrap_or_clone(self.message)
     }
 
     /// The OP_MSG inside, if this is one.
     pub fn op_msg(&self) -> Option<&OpMsg> {
-        match &self.message {
+        match &*self.message {
             Message::Msg(m) => Some(m),
             _ => None,
         }
@@ -198,7 +202,7 @@ impl Frame {
 
     /// The command name of a request, for OP_MSG and OP_QUERY commands.
     pub fn command_name(&self) -> Option<&str> {
-        match &self.message {
+        match &*self.message {
             Message::Msg(m) => m.command_name(),
             Message::Query(q) => q.command_name(),
             _ => None,
@@ -240,7 +244,7 @@ impl Frame {
     /// Serializes the frame from its parsed parts, ignoring any original bytes.
     pub fn encode_parts(&self, dst: &mut Vec<u8>) {
         let (id, to) = (self.header.request_id, self.header.response_to);
-        match &self.message {
+        match &*self.message {
             Message::Msg(m) => m.encode(id, to, dst),
             Message::Query(q) => q.encode(id, to, dst),
             Message::Reply(r) => r.encode(id, to, dst),
@@ -249,7 +253,7 @@ impl Frame {
     }
 
     fn encoded_len(&self) -> usize {
-        match &self.message {
+        match &*self.message {
             Message::Msg(m) => m.encoded_len(),
             _ => {
                 let mut v = Vec::new();

@@ -49,6 +49,29 @@ fn op_msg_with_sequence_round_trips() {
 }
 
 #[test]
+fn a_clone_shares_the_parsed_message_and_its_bytes() {
+    let frame = msg(
+        0,
+        vec![
+            Section::Body(raw(doc! {"insert": "c", "$db": "d"})),
+            Section::Sequence(DocumentSequence {
+                identifier: "documents".into(),
+                documents: (0..100).map(|i| raw(doc! {"_id": i})).collect(),
+            }),
+        ],
+    );
+    let parsed = Frame::parse(Bytes::from(encode(&frame)), MAX_MESSAGE_SIZE).unwrap();
+    let forwarded = parsed.clone();
+    // A request forwarded as it came is a clone of the one the exchange
+    // keeps: its sections are not copied again.
+    assert!(std::ptr::eq(parsed.message(), forwarded.message()));
+    assert_eq!(forwarded.into_bytes(), parsed.to_bytes());
+    // The message taken out of a frame no other holds is the same message.
+    assert_eq!(parsed.clone().into_message(), *parsed.message());
+    assert_eq!(parsed.into_message(), *frame.message());
+}
+
+#[test]
 fn a_body_written_in_place_is_the_frame_it_makes() {
     let reply = doc! {"cursor": {"firstBatch": [{"_id": 1, "name": "a"}], "id": 0i64}, "ok": 1.0};
     let doc = RawDocumentBuf::from_document(&reply).unwrap();
