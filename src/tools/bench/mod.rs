@@ -130,8 +130,9 @@ impl Measurement {
     }
 
     /// This proxy's CPU per operation over `base`'s, round by round: the
-    /// two ran next to each other in each round, so each ratio is read
-    /// under one state of a shared machine, which drifts between rounds.
+    /// two ran in the same round, seconds apart, so each ratio is read
+    /// under about one state of a shared machine, which drifts between
+    /// rounds.
     pub fn cpu_ratios(&self, base: &Measurement) -> Vec<f64> {
         self.per_round
             .iter()
