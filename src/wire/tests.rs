@@ -27,18 +27,23 @@ fn msg(flags: u32, sections: Vec<Section>) -> Frame {
     )
 }
 
-#[test]
-fn op_msg_with_sequence_round_trips() {
-    let frame = msg(
+/// An insert of `documents`, in a document sequence.
+fn insert(documents: Vec<Bytes>) -> Frame {
+    msg(
         0,
         vec![
             Section::Body(raw(doc! {"insert": "c", "$db": "d"})),
             Section::Sequence(DocumentSequence {
                 identifier: "documents".into(),
-                documents: vec![raw(doc! {"_id": 1}), raw(doc! {"_id": 2, "a": "b"})],
+                documents,
             }),
         ],
-    );
+    )
+}
+
+#[test]
+fn op_msg_with_sequence_round_trips() {
+    let frame = insert(vec![raw(doc! {"_id": 1}), raw(doc! {"_id": 2, "a": "b"})]);
     let bytes = encode(&frame);
     let parsed = Frame::parse(Bytes::from(bytes.clone()), MAX_MESSAGE_SIZE).unwrap();
     assert_eq!(parsed, frame);
@@ -50,16 +55,7 @@ fn op_msg_with_sequence_round_trips() {
 
 #[test]
 fn a_clone_shares_the_parsed_message_and_its_bytes() {
-    let frame = msg(
-        0,
-        vec![
-            Section::Body(raw(doc! {"insert": "c", "$db": "d"})),
-            Section::Sequence(DocumentSequence {
-                identifier: "documents".into(),
-                documents: (0..100).map(|i| raw(doc! {"_id": i})).collect(),
-            }),
-        ],
-    );
+    let frame = insert((0..100).map(|i| raw(doc! {"_id": i})).collect());
     let parsed = Frame::parse(Bytes::from(encode(&frame)), MAX_MESSAGE_SIZE).unwrap();
     let forwarded = parsed.clone();
     // A request forwarded as it came is a clone of the one the exchange
