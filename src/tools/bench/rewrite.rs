@@ -193,3 +193,27 @@ pub fn run(args: &RewriteArgs) {
         println!("  {name:<18} {p10:>8.1} {p50:>8.1} {p90:>8.1}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cursor_batch_expands_to_what_the_driver_reads() {
+        let (logical, stored, dict) = cursor_batch();
+        assert!(stored.as_bytes().len() < logical.as_bytes().len());
+        let expanded = expand::raw_document(&stored, &dict).unwrap();
+        assert_eq!(expanded.as_bytes(), logical.as_bytes());
+    }
+
+    #[test]
+    fn per_call_gives_ordered_percentiles() {
+        let mut n = 0u64;
+        let [p10, p50, p90] = per_call(Duration::from_millis(20), Duration::ZERO, || {
+            n += 1;
+            std::hint::black_box(n);
+        });
+        assert!(n > 0);
+        assert!(p10 <= p50 && p50 <= p90);
+    }
+}
