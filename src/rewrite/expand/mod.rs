@@ -235,7 +235,7 @@ pub fn raw_document_with<N: Names + ?Sized>(
     names: &N,
     strings: Strings,
 ) -> Result<RawDocumentBuf, Unreadable> {
-    let mut out = Vec::with_capacity(doc.as_bytes().len() * 2);
+    let mut out = Vec::with_capacity(raw::room(doc.as_bytes().len()));
     expand_into(doc, names, strings, &mut out)?;
     RawDocumentBuf::from_bytes(out).map_err(|_| expanded_malformed())
 }
@@ -247,7 +247,7 @@ pub fn raw_body_with<N: Names + ?Sized>(
     names: &N,
     strings: Strings,
 ) -> Result<MsgBody, Unreadable> {
-    let mut out = MsgBody::buffer(doc.as_bytes().len() * 2);
+    let mut out = MsgBody::buffer(raw::room(doc.as_bytes().len()));
     expand_into(doc, names, strings, &mut out)?;
     MsgBody::new(out).map_err(|_| expanded_malformed())
 }

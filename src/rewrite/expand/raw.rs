@@ -3,6 +3,7 @@
 //! as they are (or, for a value token, written as the string it stands for).
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{Strings, Unknown};
 use crate::rewrite::walker::{
@@ -12,6 +13,59 @@ use crate::token::namespace::{
     any_part_reserved, starts_token, value_number, ESCAPE, VALUE_SUBTYPE,
 };
 use crate::token::Names;
+
+/// How much the last replies grew when expanded, in sixteenths of their
+/// stored size: what the next one is given room for, and a little more. A
+/// reply that outgrows its room is expanded again in twice the room, so the
+/// guess costs nothing but time: a reply of names much longer than their
+/// tokens grows more than twice, and each would be expanded twice if the
+/// room were a fixed multiple; one of short names grows little, and zeroing
+/// room it does not use costs about a tenth of its expansion.
+static GROWTH: Growth = Growth::new();
+
+/// The room to give the expansion of a reply of `stored` bytes.
+pub fn room(stored: usize) -> usize {
+    GROWTH.room(stored)
+}
+
+/// A running guess of how much replies grow, in sixteenths.
+struct Growth(AtomicUsize);
+
+impl Growth {
+    /// Twice, to begin with.
+    const fn new() -> Growth {
+        Growth(AtomicUsize::new(32))
+    }
+
+    fn room(&self, stored: usize) -> usize {
+        stored * (self.0.load(Ordering::Relaxed) + 2) / 16 + 64
+    }
+
+    /// Learns from a reply of `stored` bytes that expanded to `expanded`:
+    /// the guess rises to any growth above it at once, and falls toward
+    /// growths below it by a sixteenth of the gap per reply (so that
+    /// replies of two kinds, in turns, are given room for the larger).
+    /// Replies under 4 KiB teach nothing: their envelope weighs more in
+    /// their growth than in a batch's, and expanding one again costs little.
+    /// Nor does growth past four times: the guess is shared by every
+    /// client, and one client's odd documents must not have every reply
+    /// zero many times its size.
+    fn learn(&self, stored: usize, expanded: usize) {
+        if stored < 4096 {
+            return;
+        }
+        let grew = (expanded * 16).div_ceil(stored).min(64);
+        let guess = self.0.load(Ordering::Relaxed);
+        let next = if grew >= guess {
+            grew
+        } else {
+            guess - (guess - grew).div_ceil(16)
+        };
+        if next != guess {
+            self.0.store(next, Ordering::Relaxed);
+        }
+    }
+}
 
 /// Expands a reply: every key, value tokens, and strings as `strings` says.
 pub fn expand<N: Names + ?Sized>(
@@ -23,10 +77,7 @@ pub fn expand<N: Names + ?Sized>(
 ) -> Result<(), Malformed> {
     let base = out.len();
     let (names_known, values_known) = (unknown.names.len(), unknown.values.len());
-    // Room for twice the stored bytes (or what `out` has room for, if
-    // more) is enough for most replies; one that needs more is expanded
-    // again with twice the room, and so on.
-    let mut room = (doc.len() * 2).max(out.capacity() - base).max(64);
+    let mut room = room(doc.len()).max(out.capacity() - base);
     loop {
         out.resize(base + room, 0);
         let ran = Expander {
@@ -37,6 +88,7 @@ pub fn expand<N: Names + ?Sized>(
         match ran {
             Ok(end) => {
                 out.truncate(base + end);
+                GROWTH.learn(doc.len(), end);
                 return Ok(());
             }
             Err(Stop::Full) => {
@@ -448,6 +500,46 @@ mod tests {
         .unwrap();
         assert_eq!(unknown.names.len(), 1, "{:?}", unknown.names);
         assert!(unknown.values.is_empty());
+    }
+
+    /// The room given to a reply follows how much the last ones grew: at
+    /// once for more, a sixteenth of the gap per reply for less, never
+    /// below the larger of two kinds that come in turns, and small replies
+    /// do not count.
+    #[test]
+    fn the_room_follows_how_much_replies_grow() {
+        let g = Growth::new();
+        let n = 100_000;
+        assert_eq!(g.room(n), n * 34 / 16 + 64);
+        // Long names: 2.77 times. The next such reply fits the first time.
+        g.learn(n, n * 277 / 100);
+        assert!(g.room(n) >= n * 277 / 100, "{}", g.room(n));
+        // Short names: 1.16 times. The room falls to that, and a little more.
+        for _ in 0..16 {
+            g.learn(n, n * 116 / 100);
+        }
+        let after_16 = g.room(n);
+        assert!(after_16 < n * 277 / 100, "{after_16}");
+        for _ in 0..200 {
+            g.learn(n, n * 116 / 100);
+        }
+        assert!(after_16 > g.room(n), "{after_16}");
+        assert!(g.room(n) >= n * 116 / 100, "{}", g.room(n));
+        assert!(g.room(n) <= n * 22 / 16 + 64, "{}", g.room(n));
+        // In turns: room for the larger.
+        for _ in 0..100 {
+            g.learn(n, n * 277 / 100);
+            g.learn(n, n * 116 / 100);
+            assert!(g.room(n) >= n * 277 / 100, "{}", g.room(n));
+        }
+        // Past four times, the room stops at four times (and a little).
+        g.learn(n, n * 14);
+        assert_eq!(g.room(n), n * 66 / 16 + 64);
+        // A small reply teaches nothing.
+        let before = g.room(n);
+        g.learn(4095, 100);
+        g.learn(4095, 40_000);
+        assert_eq!(g.room(n), before);
     }
 
     /// Strings are read as paths only where the server writes paths: an
