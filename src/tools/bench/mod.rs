@@ -157,15 +157,17 @@ enum Op {
     UpdateOne,
     InsertMany,
     CursorRead,
+    ProfileRead,
 }
 
 impl Op {
-    const ALL: [Op; 5] = [
+    const ALL: [Op; 6] = [
         Op::InsertOne,
         Op::FindOneById,
         Op::UpdateOne,
         Op::InsertMany,
         Op::CursorRead,
+        Op::ProfileRead,
     ];
     fn name(self) -> &'static str {
         match self {
@@ -174,11 +176,25 @@ impl Op {
             Op::UpdateOne => "update_one $inc by _id",
             Op::InsertMany => "insert_many (100 docs)",
             Op::CursorRead => "cursor read (1000 docs)",
+            Op::ProfileRead => "profile read (100 docs)",
         }
     }
 }
 
 const PRELOADED: usize = 1000;
+
+/// Profiles read at once by [`Op::ProfileRead`].
+const PROFILES: usize = 100;
+
+/// The user profile of `laconic bench rewrite` (without its long note):
+/// documents whose names are most of their bytes, the main case of the
+/// name store, which grow 2.8 times when expanded.
+fn profile(i: i64) -> Document {
+    let mut d = rewrite::sample_document();
+    d.remove("notes");
+    d.insert("_id", i);
+    d
+}
 
 /// One way of reaching the upstream: its driver, its collection, and the
 /// process whose CPU time is its cost (none for the direct connection).
@@ -186,6 +202,7 @@ struct Target {
     name: &'static str,
     client: Client,
     coll: Collection<Document>,
+    profiles: Collection<Document>,
     pid: Option<u32>,
 }
 
@@ -276,16 +293,21 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
         // A database per target: documents written directly must not sit
         // beside tokenized ones (a proxy refuses a database whose documents
         // have no dictionary).
-        let coll = client
-            .database(&format!("laconic_bench_{}", name.replace('-', "_")))
-            .collection::<Document>("c");
+        let db = client.database(&format!("laconic_bench_{}", name.replace('-', "_")));
+        let coll = db.collection::<Document>("c");
         coll.drop().await?;
         let docs: Vec<Document> = (0..PRELOADED).map(|i| sample(i as i64)).collect();
         coll.insert_many(docs).await?;
+        let profiles = db.collection::<Document>("profiles");
+        profiles.drop().await?;
+        profiles
+            .insert_many((0..PROFILES as i64).map(profile))
+            .await?;
         prepared.push(Target {
             name,
             client,
             coll,
+            profiles,
             pid,
         });
     }
@@ -310,6 +332,7 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     }
     for t in prepared {
         t.coll.drop().await?;
+        t.profiles.drop().await?;
         t.client.shutdown().await;
     }
     Ok(())
@@ -527,9 +550,10 @@ async fn measure(
     let start = Instant::now();
     let deadline = start + length;
     let coll = Arc::new(target.coll.clone());
+    let profiles = Arc::new(target.profiles.clone());
     let mut tasks = Vec::new();
     for t in 0..clients {
-        let coll = coll.clone();
+        let (coll, profiles) = (coll.clone(), profiles.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut i = t as i64;
@@ -570,6 +594,15 @@ async fn measure(
                         crate::tools::ensure!(
                             docs.len() == PRELOADED,
                             "read {} documents",
+                            docs.len()
+                        );
+                    }
+                    Op::ProfileRead => {
+                        let docs: Vec<Document> =
+                            profiles.find(doc! {}).await?.try_collect().await?;
+                        crate::tools::ensure!(
+                            docs.len() == PROFILES,
+                            "read {} profiles",
                             docs.len()
                         );
                     }
