@@ -186,12 +186,11 @@ const PRELOADED: usize = 1000;
 /// Profiles read at once by [`Op::ProfileRead`].
 const PROFILES: usize = 100;
 
-/// The user profile of `laconic bench rewrite` (without its long note):
+/// The user profile of `laconic bench rewrite` without its long note:
 /// documents whose names are most of their bytes, the main case of the
 /// name store, which grow 2.8 times when expanded.
 fn profile(i: i64) -> Document {
-    let mut d = rewrite::sample_document();
-    d.remove("notes");
+    let mut d = rewrite::names_document();
     d.insert("_id", i);
     d
 }

@@ -95,12 +95,19 @@ pub fn cursor_batch() -> (RawDocumentBuf, RawDocumentBuf, Dictionary) {
     (reply(docs), reply(stored), dict)
 }
 
-/// A cursor reply of 100 sample documents without their long note, as
-/// they are stored and as the driver reads them: names are most of their
-/// bytes, so they grow more than twice when expanded.
+/// The sample document without its long note: names are most of its
+/// bytes, so it grows more than twice when expanded.
+pub fn names_document() -> Document {
+    let mut d = sample_document();
+    d.remove("notes");
+    d
+}
+
+/// A cursor reply of 100 [`names_document`]s, as they are stored and as
+/// the driver reads them.
 pub fn names_batch() -> (RawDocumentBuf, RawDocumentBuf, Dictionary) {
-    let (mut logical, policy, dict) = sample();
-    logical.remove("notes");
+    let (_, policy, dict) = sample();
+    let logical = names_document();
     let stored = tokenize::document(&logical, &mut Vec::new(), &policy, &dict);
     let reply = |doc: &Document| {
         RawDocumentBuf::from_document(
