@@ -84,7 +84,7 @@ pub fn expand<N: Names + ?Sized>(
             names,
             unknown: &mut *unknown,
         }
-        .doc(doc, false, strings, true, (&mut out[base..], 0), 0);
+        .doc::<false>(doc, false, strings, true, (&mut out[base..], 0), 0);
         match ran {
             Ok(end) => {
                 out.truncate(base + end);
@@ -140,10 +140,15 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
     /// server wrote and may name fields in. Anywhere else (a cursor's
     /// documents, a `findAndModify` value) an `errmsg` is the user's data.
     ///
+    /// `DATA`: the document is the user's data (strings are
+    /// [`Strings::Data`], and it is no envelope), as everything under a
+    /// cursor's documents is. The walk of those, most of a reply's bytes,
+    /// is compiled apart, without the tests that cannot hold in it.
+    ///
     /// Writes into `out.0` from `out.1`, and returns where it stopped.
     /// (The slice and the position are passed apart, in registers, and
     /// held in a local [`Slab`].)
-    fn doc(
+    fn doc<const DATA: bool>(
         &mut self,
         doc: &[u8],
         is_array: bool,
@@ -152,6 +157,11 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         (buf, pos): (&mut [u8], usize),
         depth: usize,
     ) -> Result<usize, Stop> {
+        let (strings, envelope) = if DATA {
+            (Strings::Data, false)
+        } else {
+            (strings, envelope)
+        };
         let mut out = Slab { buf, pos };
         let names = self.names;
         let start = out.begin()?;
@@ -182,14 +192,13 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                     }
                     let envelope = envelope
                         && (is_array || matches!(logical, b"writeErrors" | b"writeConcernError"));
-                    out.pos = self.doc(
-                        e.value,
-                        e.kind == 0x04,
-                        inner,
-                        envelope,
-                        (&mut *out.buf, out.pos),
-                        descend(depth)?,
-                    )?;
+                    let (is_array, buf, depth) =
+                        (e.kind == 0x04, (&mut *out.buf, out.pos), descend(depth)?);
+                    out.pos = if DATA || (inner == Strings::Data && !envelope) {
+                        self.doc::<true>(e.value, is_array, inner, false, buf, depth)?
+                    } else {
+                        self.doc::<false>(e.value, is_array, inner, envelope, buf, depth)?
+                    };
                     copied = e.end();
                 }
                 0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => {
@@ -242,7 +251,7 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
 
     /// The logical form of a document's key (`None`: the key as it is),
     /// and how strings under it are read.
-    #[inline]
+    #[inline(always)]
     fn key<'k>(
         &mut self,
         stored: &'k [u8],
