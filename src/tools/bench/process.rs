@@ -147,6 +147,15 @@ mod tests {
         assert_eq!(parse_cpu_ticks("garbage"), None);
     }
 
+    /// Spends CPU time on this thread.
+    fn burn(steps: u64) {
+        let mut x = 0u64;
+        for i in 0..steps {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+    }
+
     #[test]
     fn a_threads_run_time_is_the_first_field_of_its_schedstat() {
         assert_eq!(parse_runtime("123456789 5000 42\n"), Some(123_456_789));
@@ -159,11 +168,7 @@ mod tests {
     /// the process's other threads come and go with the other tests.)
     #[test]
     fn a_threads_run_time_is_its_cpu_time() {
-        let mut x = 0u64;
-        for i in 0..50_000_000u64 {
-            x = x.wrapping_mul(31).wrapping_add(i);
-        }
-        std::hint::black_box(x);
+        burn(50_000_000);
         let Ok(schedstat) = std::fs::read_to_string("/proc/thread-self/schedstat") else {
             return; // a kernel without schedstat: `cpu_time` falls back
         };
@@ -181,11 +186,7 @@ mod tests {
 
     #[test]
     fn this_process_has_used_some_cpu() {
-        let mut x = 0u64;
-        for i in 0..20_000_000u64 {
-            x = x.wrapping_mul(31).wrapping_add(i);
-        }
-        std::hint::black_box(x);
+        burn(20_000_000);
         assert!(cpu_time(std::process::id()).is_some_and(|t| t > Duration::ZERO));
     }
 }
