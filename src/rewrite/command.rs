@@ -22,8 +22,7 @@ impl Command {
         let mut sequences = Vec::new();
         for seq in m.sequences() {
             let docs = seq
-                .documents
-                .iter()
+                .documents()
                 .map(|d| {
                     RawDocument::from_bytes(d)
                         .map_err(|e| invalid(&e.to_string()))
@@ -60,17 +59,17 @@ impl Command {
                 Some(Bson::Array(a)) => a,
                 _ => Vec::new(),
             };
-            let documents = docs
-                .into_iter()
-                .map(|d| match d {
-                    Bson::Document(d) => to_raw(&d).map(|r| Bytes::from(r.into_bytes())),
-                    _ => Err(invalid("a document sequence holds a non-document")),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            split.push(DocumentSequence {
-                identifier: id.clone(),
-                documents,
-            });
+            let mut documents = Vec::new();
+            for d in docs {
+                match d {
+                    Bson::Document(d) => documents.extend_from_slice(to_raw(&d)?.as_bytes()),
+                    _ => return Err(invalid("a document sequence holds a non-document")),
+                }
+            }
+            split.push(
+                DocumentSequence::new(id.clone(), Bytes::from(documents))
+                    .map_err(|e| invalid(&e.to_string()))?,
+            );
         }
         let body = Bytes::from(to_raw(&self.body)?.into_bytes());
         let mut split = split.into_iter();
@@ -79,12 +78,7 @@ impl Command {
             .iter()
             .map(|s| match s {
                 Section::Body(_) => Section::Body(body.clone()),
-                Section::Sequence(_) => {
-                    Section::Sequence(split.next().unwrap_or(DocumentSequence {
-                        identifier: String::new(),
-                        documents: Vec::new(),
-                    }))
-                }
+                Section::Sequence(_) => Section::Sequence(split.next().unwrap_or_default()),
             })
             .collect();
         Ok(OpMsg {
@@ -108,7 +102,7 @@ pub fn documents<'m>(m: &'m OpMsg, field: &str) -> Vec<&'m RawDocument> {
     let in_sequences = m
         .sequences()
         .filter(|s| s.identifier == field)
-        .flat_map(|s| s.documents.iter())
+        .flat_map(|s| s.documents())
         .filter_map(|d| RawDocument::from_bytes(d).ok());
     in_body.chain(in_sequences).collect()
 }
@@ -147,10 +141,13 @@ mod tests {
             flags: MsgFlags(0),
             sections: vec![
                 Section::Body(raw(doc! {"insert": "c", "$db": "d"})),
-                Section::Sequence(DocumentSequence {
-                    identifier: "documents".into(),
-                    documents: vec![raw(doc! {"_id": 1}), raw(doc! {"_id": 2})],
-                }),
+                Section::Sequence(
+                    DocumentSequence::of(
+                        "documents".into(),
+                        [raw(doc! {"_id": 1}), raw(doc! {"_id": 2})],
+                    )
+                    .unwrap(),
+                ),
             ],
             checksum: None,
         };

@@ -87,7 +87,7 @@ pub fn check(m: &OpMsg) -> Result<(), ProxyError> {
             let sequenced = m
                 .sequences()
                 .filter(|s| s.identifier == "nsInfo")
-                .flat_map(|s| s.documents.iter())
+                .flat_map(|s| s.documents())
                 .filter_map(|d| RawDocument::from_bytes(d).ok().map(RawBsonRef::Document));
             for entry in listed.flatten().chain(sequenced) {
                 let ns = entry.as_document().and_then(|d| d.get_str("ns").ok());

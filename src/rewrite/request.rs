@@ -344,7 +344,7 @@ fn validate(m: &OpMsg) -> Result<(), Malformed> {
     let reserved = crate::token::namespace::VALUE_SUBTYPE;
     walker::validate_without(m.body().as_bytes(), reserved)?;
     for seq in m.sequences() {
-        for d in &seq.documents {
+        for d in seq.documents() {
             walker::validate_without(d, reserved)?;
         }
     }
@@ -480,7 +480,7 @@ pub fn inserted_bytes(m: &OpMsg) -> usize {
     let in_sequences: usize = m
         .sequences()
         .filter(|s| s.identifier == "documents")
-        .flat_map(|s| s.documents.iter().map(|d| d.len()))
+        .map(|s| s.bytes().len())
         .sum();
     in_body + in_sequences
 }

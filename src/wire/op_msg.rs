@@ -39,11 +39,72 @@ impl MsgFlags {
     }
 }
 
-/// A kind-1 section: a named sequence of documents.
-#[derive(Clone, Debug, PartialEq)]
+/// A kind-1 section: a named sequence of documents, kept as they travel,
+/// back to back in one buffer. A batch of inserts is read, rewritten and
+/// written as one block: no document is a buffer of its own.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct DocumentSequence {
     pub identifier: String,
-    pub documents: Vec<Bytes>,
+    /// Every document's length prefix was checked to fit, and its last
+    /// byte to be a NUL, when the sequence was made.
+    documents: Bytes,
+}
+
+impl DocumentSequence {
+    /// The sequence of the documents written back to back in `documents`.
+    pub fn new(identifier: String, documents: Bytes) -> Result<DocumentSequence, WireError> {
+        let mut r = Reader::new(&documents);
+        while !r.is_empty() {
+            r.document("document sequence entry")?;
+        }
+        Ok(DocumentSequence {
+            identifier,
+            documents,
+        })
+    }
+
+    /// The sequence of `documents`, copied into one buffer.
+    pub fn of<D: AsRef<[u8]>>(
+        identifier: String,
+        documents: impl IntoIterator<Item = D>,
+    ) -> Result<DocumentSequence, WireError> {
+        let mut all = Vec::new();
+        for d in documents {
+            all.extend_from_slice(d.as_ref());
+        }
+        DocumentSequence::new(identifier, Bytes::from(all))
+    }
+
+    /// The documents, in order.
+    pub fn documents(&self) -> Documents<'_> {
+        Documents {
+            rest: &self.documents,
+        }
+    }
+
+    /// The documents' bytes, back to back.
+    pub fn bytes(&self) -> &Bytes {
+        &self.documents
+    }
+}
+
+/// The documents of a [`DocumentSequence`].
+pub struct Documents<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Documents<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        // Each length was checked when the sequence was made; a length
+        // that did not fit would end the walk here, not panic.
+        let len = self.rest.get(..4)?;
+        let len = usize::try_from(i32::from_le_bytes([len[0], len[1], len[2], len[3]])).ok()?;
+        let (d, rest) = self.rest.split_at_checked(len)?;
+        self.rest = rest;
+        Some(d)
+    }
 }
 
 /// One OP_MSG section.
@@ -270,9 +331,7 @@ impl OpMsg {
                     dst.extend_from_slice(&(sequence_len(seq) as i32).to_le_bytes());
                     dst.extend_from_slice(seq.identifier.as_bytes());
                     dst.push(0);
-                    for d in &seq.documents {
-                        dst.extend_from_slice(d);
-                    }
+                    dst.extend_from_slice(&seq.documents);
                 }
             }
         }
@@ -284,7 +343,7 @@ impl OpMsg {
 }
 
 fn sequence_len(seq: &DocumentSequence) -> usize {
-    4 + seq.identifier.len() + 1 + seq.documents.iter().map(Bytes::len).sum::<usize>()
+    4 + seq.identifier.len() + 1 + seq.documents.len()
 }
 
 fn parse_sequence(frame: &Bytes, r: &mut Reader<'_>) -> Result<DocumentSequence, WireError> {
@@ -299,17 +358,16 @@ fn parse_sequence(frame: &Bytes, r: &mut Reader<'_>) -> Result<DocumentSequence,
     if r.position() > end {
         return Err(WireError::BadSequence("identifier overruns the section"));
     }
-    let mut documents = Vec::new();
+    let first = r.position();
     while r.position() < end {
-        let (s, e) = r.document("document sequence entry")?;
+        let (_, e) = r.document("document sequence entry")?;
         if e > end {
             return Err(WireError::BadSequence("document overruns the section"));
         }
-        documents.push(frame.slice(s..e));
     }
     Ok(DocumentSequence {
         identifier,
-        documents,
+        documents: frame.slice(first..end),
     })
 }
 

@@ -33,10 +33,7 @@ fn insert(documents: Vec<Bytes>) -> Frame {
         0,
         vec![
             Section::Body(raw(doc! {"insert": "c", "$db": "d"})),
-            Section::Sequence(DocumentSequence {
-                identifier: "documents".into(),
-                documents,
-            }),
+            Section::Sequence(DocumentSequence::of("documents".into(), documents).unwrap()),
         ],
     )
 }
@@ -50,7 +47,36 @@ fn op_msg_with_sequence_round_trips() {
     assert_eq!(encode(&parsed), bytes);
     assert_eq!(parsed.command_name(), Some("insert"));
     let seq: Vec<_> = parsed.op_msg().unwrap().sequences().collect();
-    assert_eq!(seq[0].documents.len(), 2);
+    assert_eq!(seq[0].documents().count(), 2);
+}
+
+/// A parsed sequence is one slice of the frame it came in, its documents
+/// read in place; one made from bytes is checked document by document.
+#[test]
+fn a_sequence_is_one_slice_of_its_frame_and_checks_the_bytes_it_is_given() {
+    let docs = [raw(doc! {"_id": 1}), raw(doc! {"_id": 2, "a": "b"})];
+    let bytes = Bytes::from(encode(&insert(docs.to_vec())));
+    let parsed = Frame::parse(bytes.clone(), MAX_MESSAGE_SIZE).unwrap();
+    let seq = parsed.op_msg().unwrap().sequences().next().unwrap();
+    let within = bytes.as_ptr_range();
+    assert!(within.contains(&seq.bytes().as_ptr()));
+    let read: Vec<&[u8]> = seq.documents().collect();
+    assert_eq!(read, [&docs[0][..], &docs[1][..]]);
+
+    let both = [&docs[0][..], &docs[1][..]].concat();
+    let made = |b: &[u8]| DocumentSequence::new("documents".into(), Bytes::copy_from_slice(b));
+    assert_eq!(made(&both).unwrap(), *seq);
+    assert_eq!(made(&[]).unwrap().documents().count(), 0);
+    // Cut short, a document's length overruns what is left.
+    assert!(made(&both[..both.len() - 1]).is_err());
+    // A document that does not end with its NUL.
+    let mut unterminated = both.clone();
+    *unterminated.last_mut().unwrap() = 1;
+    assert!(made(&unterminated).is_err());
+    // A length below the smallest document.
+    let mut short = both.clone();
+    short[..4].copy_from_slice(&4i32.to_le_bytes());
+    assert!(made(&short).is_err());
 }
 
 #[test]
@@ -312,10 +338,7 @@ fn arb_op_msg() -> impl Strategy<Value = Frame> {
         prop::collection::vec(arb_document(), 0..4)
     )
         .prop_map(|(identifier, documents)| {
-            Section::Sequence(DocumentSequence {
-                identifier,
-                documents,
-            })
+            Section::Sequence(DocumentSequence::of(identifier, documents).unwrap())
         }),];
     (
         prop::sample::select(vec![0u32, 1, 2, 3, 1 << 16, 1 << 16 | 1, 1 << 31]),

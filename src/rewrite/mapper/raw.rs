@@ -242,30 +242,17 @@ pub fn insert<N: Names + ?Sized>(
                 Section::Body(bytes::Bytes::from(body))
             }
             Section::Sequence(seq) if seq.identifier == "documents" => {
-                // One buffer for the whole batch, each document a slice of it.
-                let size = seq.documents.iter().map(|d| d.len()).sum::<usize>();
+                // One buffer for the whole batch, as it came.
+                let size = seq.bytes().len();
                 let mut stored = Vec::with_capacity(size + size / 4);
-                let mut ends = Vec::with_capacity(seq.documents.len());
                 let tokenizer = Tokenizer { policy, names };
                 let mut parent = Vec::with_capacity(8);
-                for d in &seq.documents {
+                for d in seq.documents() {
                     tokenizer.doc(d, false, &mut parent, &mut stored, 0)?;
-                    ends.push(stored.len());
                 }
-                let stored = bytes::Bytes::from(stored);
-                let mut start = 0;
-                let documents = ends
-                    .into_iter()
-                    .map(|end| {
-                        let d = stored.slice(start..end);
-                        start = end;
-                        d
-                    })
-                    .collect();
-                Section::Sequence(DocumentSequence {
-                    identifier: seq.identifier.clone(),
-                    documents,
-                })
+                DocumentSequence::new(seq.identifier.clone(), bytes::Bytes::from(stored))
+                    .map(Section::Sequence)
+                    .map_err(|_| Malformed::Invalid("a tokenized document"))?
             }
             other => other.clone(),
         });

@@ -20,7 +20,7 @@ use crate::rewrite::walker::{
     as_str, begin, descend, elements, finish, header, string_of, string_value, Element, Malformed,
 };
 use crate::token::{Names, Policy};
-use crate::wire::{OpMsg, Section};
+use crate::wire::{DocumentSequence, OpMsg, Section};
 
 /// Why a splice gave up.
 #[derive(Debug, PartialEq, Eq)]
@@ -75,11 +75,15 @@ pub fn command(
                     Some(_) => return Err(GiveUp::Uncommon),
                     None => continue,
                 };
-                for d in &mut seq.documents {
-                    let mut rewritten = Vec::with_capacity(d.len() + 16);
+                let mut rewritten = Vec::with_capacity(seq.bytes().len() + 64);
+                for d in seq.documents() {
                     s.slots(inner, d, &mut rewritten, 1)?;
-                    *d = bytes::Bytes::from(rewritten);
                 }
+                *seq = DocumentSequence::new(
+                    std::mem::take(&mut seq.identifier),
+                    bytes::Bytes::from(rewritten),
+                )
+                .map_err(|_| Malformed::Invalid("a rewritten document"))?;
             }
         }
     }
@@ -465,10 +469,9 @@ mod tests {
         };
         let mut sections = vec![Section::Body(raw(body))];
         if let Some((id, docs)) = sequence {
-            sections.push(Section::Sequence(DocumentSequence {
-                identifier: id.into(),
-                documents: docs.iter().map(raw).collect(),
-            }));
+            sections.push(Section::Sequence(
+                DocumentSequence::of(id.into(), docs.iter().map(raw)).unwrap(),
+            ));
         }
         OpMsg {
             flags: MsgFlags::default(),
