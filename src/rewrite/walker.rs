@@ -9,6 +9,10 @@
 //! than that gets the server's error for it (code 15, `Overflow`); nothing
 //! recurses without bound, whoever sends it.
 
+/// A key as a rewrite writes it, when that is not the key as it came
+/// (`None`: the key stays, and its bytes stay in the run being copied).
+pub type Renamed<'k> = Option<std::borrow::Cow<'k, [u8]>>;
+
 /// How deeply documents may nest below the outermost one.
 pub const MAX_DEPTH: usize = 200;
 

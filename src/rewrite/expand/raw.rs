@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{Strings, Unknown};
 use crate::rewrite::walker::{
-    as_str, descend, elements, string_of, Element, Full, Malformed, Slab,
+    as_str, descend, elements, string_of, Element, Full, Malformed, Renamed, Slab,
 };
 use crate::token::namespace::{
     any_part_reserved, starts_token, value_number, ESCAPE, VALUE_SUBTYPE,
@@ -291,9 +291,6 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         Ok((Some(bytes), inner))
     }
 }
-
-/// A key's logical form when it is not the key as stored.
-type Renamed<'k> = Option<Cow<'k, [u8]>>;
 
 /// An element whose value stays as it is: nothing to do if its key stays
 /// too (it joins the run being copied); otherwise the run up to it, then

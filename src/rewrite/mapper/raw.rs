@@ -8,6 +8,7 @@ use std::borrow::Cow;
 
 use crate::rewrite::walker::{
     as_str, begin, cstring, descend, elements, finish, header, put, string_of, Element, Malformed,
+    Renamed,
 };
 use crate::token::namespace::{escape, value_bytes, VALUE_SUBTYPE};
 use crate::token::{Names, Policy};
@@ -81,9 +82,10 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
                 !self.policy.value_paths.is_empty() && self.policy.is_value_path(parent);
             if nested || at_value_path {
                 put(out, &doc[copied..e.at]);
-                self.value(e, &stored, at_value_path, parent, out, depth)?;
+                let stored = stored.as_deref().unwrap_or(e.key);
+                self.value(e, stored, at_value_path, parent, out, depth)?;
                 copied = e.end();
-            } else if *stored != *e.key {
+            } else if let Some(stored) = stored {
                 // A plain value under a new key: the run up to the key, its
                 // type byte included, then the key; the value starts the
                 // next run.
@@ -102,24 +104,29 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         Ok(())
     }
 
-    /// A key's logical name and its stored form: its token (borrowed from
-    /// the dictionary, which holds the name as a string, so a key it knows
-    /// needs no UTF-8 check of its own), or the key itself, escaped if
-    /// need be.
+    /// A key's logical name and its stored form when that is not the key
+    /// itself: its token (borrowed from the dictionary, which holds the
+    /// name as a string, so a key it knows needs no UTF-8 check of its
+    /// own), or the key escaped. `None`: the key is stored as it is (most
+    /// keys a policy leaves alone), known without comparing the bytes.
     #[inline]
-    fn key<'x>(&self, parent: &[&str], key: &'x [u8]) -> Result<(&'x str, Cow<'x, [u8]>), Malformed>
+    fn key<'x>(&self, parent: &[&str], key: &'x [u8]) -> Result<(&'x str, Renamed<'x>), Malformed>
     where
         'p: 'x,
     {
         if self.policy.tokenizes_key(parent, key) {
             if let Some((name, token)) = self.names.token_of(key) {
-                return Ok((name, Cow::Borrowed(token.as_bytes())));
+                return Ok((name, Some(Cow::Borrowed(token.as_bytes()))));
             }
+        } else if key == b"_id" {
+            // Every document's first key, and never escaped: no UTF-8 check
+            // or scan for it.
+            return Ok(("_id", None));
         }
         let key = as_str(key)?;
         let stored = match escape(key) {
-            Cow::Borrowed(k) => Cow::Borrowed(k.as_bytes()),
-            Cow::Owned(k) => Cow::Owned(k.into_bytes()),
+            Cow::Borrowed(_) => None,
+            Cow::Owned(k) => Some(Cow::Owned(k.into_bytes())),
         };
         Ok((key, stored))
     }
