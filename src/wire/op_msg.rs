@@ -97,11 +97,12 @@ impl<'a> Iterator for Documents<'a> {
     type Item = &'a [u8];
 
     fn next(&mut self) -> Option<&'a [u8]> {
-        // Each length was checked when the sequence was made; a length
-        // that did not fit would end the walk here, not panic.
+        // Each length was checked when the sequence was made; one that
+        // did not fit (or could not hold a document, so would not move
+        // the walk on) would end the walk here, not panic or spin.
         let len = self.rest.get(..4)?;
         let len = usize::try_from(i32::from_le_bytes([len[0], len[1], len[2], len[3]])).ok()?;
-        let (d, rest) = self.rest.split_at_checked(len)?;
+        let (d, rest) = self.rest.split_at_checked(len).filter(|_| len >= 5)?;
         self.rest = rest;
         Some(d)
     }
