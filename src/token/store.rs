@@ -23,6 +23,15 @@
 //!   error that says why, until a correct dictionary is back (checked every
 //!   second). One whose documents went with it (the database was dropped,
 //!   the server wiped) is simply forgotten.
+//! - **Durability.** The store reads and writes on the primary, reads only
+//!   what a majority of the replica set holds, and is answered only once a
+//!   majority has journaled its writes ([`concerns`]), whatever the URI
+//!   sets for the client. A failover therefore cannot take back a token
+//!   that documents already hold: the proxy that allocated it writes them
+//!   only after the allocation is acknowledged, and another proxy sees it
+//!   only once it can no longer be rolled back. Were it rolled back, a
+//!   later allocation could hand the same token to another name, and those
+//!   documents (on another shard, say) would read back under it.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -30,8 +39,11 @@ use std::time::Duration;
 use bson::{doc, Document};
 use dashmap::DashMap;
 use futures::TryStreamExt;
-use mongodb::options::ReturnDocument;
-use mongodb::{Client, Collection};
+use mongodb::options::{
+    Acknowledgment, DatabaseOptions, ReadConcern, ReadPreference, ReturnDocument,
+    SelectionCriteria, WriteConcern,
+};
+use mongodb::{Client, Collection, Database};
 use tracing::{error, info, warn};
 
 use super::dictionary::{
@@ -78,6 +90,13 @@ impl StoreError {
                 operation,
                 code: w.code,
                 code_name: w.code_name.clone().unwrap_or_default(),
+                message: w.message.clone(),
+            },
+            // No majority within MAJORITY_WAIT, say: the server's own code.
+            ErrorKind::Write(WriteFailure::WriteConcernError(ref w)) => StoreError::Refused {
+                operation,
+                code: w.code,
+                code_name: w.code_name.clone(),
                 message: w.message.clone(),
             },
             ErrorKind::Io(_)
@@ -215,6 +234,36 @@ static EMPTY: LazyLock<Arc<Dictionary>> =
 /// changing the store under it (each round means one of them succeeded).
 const MAX_ROUNDS: usize = 10_000;
 
+/// How long a write of the store waits for a majority to acknowledge it
+/// before it fails (and the command that needed it is refused): a replica
+/// set that has lost its majority allocates no new names, and every name
+/// it already has keeps working.
+pub const MAJORITY_WAIT: Duration = Duration::from_secs(10);
+
+/// `name` as the store reads and writes it, with `client` ([`concerns`]):
+/// for every command of a dictionary, its mark or a migration's state.
+pub fn database(client: &Client, name: &str) -> Database {
+    client.database_with_options(name, concerns())
+}
+
+/// How the store reads and writes, whatever the URI asks of the client's
+/// other traffic: on the primary, reading majority-committed data, writes
+/// acknowledged once a majority has journaled them (on a standalone
+/// server, once it has).
+pub fn concerns() -> DatabaseOptions {
+    DatabaseOptions::builder()
+        .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+        .read_concern(ReadConcern::majority())
+        .write_concern(
+            WriteConcern::builder()
+                .w(Acknowledgment::Majority)
+                .journal(true)
+                .w_timeout(MAJORITY_WAIT)
+                .build(),
+        )
+        .build()
+}
+
 impl NameStore {
     pub fn new(client: Client, cap: usize, policies: Policies) -> NameStore {
         NameStore {
@@ -232,7 +281,7 @@ impl NameStore {
     /// Names the collection where a format-1 store kept its chains.
     pub fn with_legacy(mut self, db: &str, coll: &str) -> NameStore {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.legacy = Some(inner.client.database(db).collection(coll));
+            inner.legacy = Some(database(&inner.client, db).collection(coll));
         }
         self
     }
@@ -252,8 +301,13 @@ impl NameStore {
             .clone()
     }
 
+    /// A database as the store reads and writes it ([`concerns`]).
+    fn db(&self, name: &str) -> Database {
+        database(&self.inner.client, name)
+    }
+
     fn coll(&self, db: &str) -> Collection<Document> {
-        self.inner.client.database(db).collection(COLLECTION)
+        self.db(db).collection(COLLECTION)
     }
 
     /// The dictionary to rewrite with: the one read, or an empty one where
@@ -335,10 +389,7 @@ impl NameStore {
     /// Reads a group member's mark and migration markers: its documents
     /// must have been written with the group's dictionary.
     async fn read_member(&self, db: &str, scope: &str) -> Result<usize, StoreError> {
-        let docs: Vec<Document> = self
-            .inner
-            .client
-            .database(db)
+        let docs: Vec<Document> = self.db(db)
             .collection::<Document>(MARK_COLLECTION)
             .aggregate(vec![
                 doc! {"$match": {"_id": "mark"}},
@@ -475,9 +526,7 @@ impl NameStore {
 
     /// Whether the store's upstream answers.
     pub async fn probe(&self) -> Result<(), StoreError> {
-        self.inner
-            .client
-            .database("admin")
+        self.db("admin")
             .run_command(doc! {"ping": 1})
             .await
             .map(|_| ())
@@ -510,7 +559,17 @@ impl NameStore {
     }
 
     async fn db_has_documents(&self, db: &str) -> Result<bool, StoreError> {
-        let database = self.inner.client.database(db);
+        // The user's documents are looked for on the primary with `local`
+        // reads, not as the store reads its own: a document a majority does
+        // not hold yet is seen too, and any document seen refuses a new
+        // dictionary, which is the side to err on.
+        let database = self.inner.client.database_with_options(
+            db,
+            DatabaseOptions::builder()
+                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+                .read_concern(ReadConcern::local())
+                .build(),
+        );
         let names = database
             .list_collection_names()
             .filter(doc! {"type": "collection"})
@@ -557,9 +616,7 @@ impl NameStore {
         // raised after names are added, so whatever it counts is already in
         // the dictionary read after it.
         let raw: Vec<bson::RawDocumentBuf> = self
-            .inner
-            .client
-            .database(scope)
+            .db(scope)
             .collection::<Document>(MARK_COLLECTION)
             .aggregate(vec![
                 doc! {"$match": {"_id": "mark"}},
@@ -674,11 +731,7 @@ impl NameStore {
     /// Raises the mark kept in `db` to what `scope`'s dictionary holds.
     fn raise_mark_in(&self, db: &str, scope: &str) {
         let Ok(d) = self.ready(scope) else { return };
-        let marks = self
-            .inner
-            .client
-            .database(db)
-            .collection::<Document>(MARK_COLLECTION);
+        let marks = self.db(db).collection::<Document>(MARK_COLLECTION);
         let scope = scope.to_owned();
         tokio::spawn(async move {
             let r = marks
@@ -827,9 +880,7 @@ impl NameStore {
             .map_err(|e| StoreError::from_driver("find", e))?;
         if Epoch::from_bson(head.as_ref().and_then(|h| h.get("epoch"))) == Some(epoch) {
             // This proxy made the dictionary: the mark starts from it.
-            self.inner
-                .client
-                .database(scope)
+            self.db(scope)
                 .collection::<Document>(MARK_COLLECTION)
                 .replace_one(
                     doc! {"_id": "mark"},
@@ -1137,4 +1188,28 @@ fn plan_names(d: &Dictionary, batch: &[&str]) -> Result<NamesPlan, StoreError> {
         });
     }
     Ok(NamesPlan { tokens, guards })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write the store could not get a majority to acknowledge in time
+    /// is refused with the server's code, which is not a retryable one.
+    #[test]
+    fn a_write_concern_error_keeps_the_servers_code() {
+        let wc: mongodb::error::WriteConcernError = bson::from_document(doc! {
+            "code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out",
+        })
+        .unwrap();
+        let e = mongodb::error::Error::from(mongodb::error::ErrorKind::Write(
+            mongodb::error::WriteFailure::WriteConcernError(wc),
+        ));
+        match StoreError::from_driver("findAndModify", e) {
+            StoreError::Refused {
+                code, code_name, ..
+            } => assert_eq!((code, code_name.as_str()), (64, "WriteConcernFailed")),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -87,8 +87,7 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
             opts.collection
         );
     }
-    let state_coll: Collection<Document> = client
-        .database(&opts.db)
+    let state_coll: Collection<Document> = crate::token::store::database(&client, &opts.db)
         .collection(crate::token::dictionary::COLLECTION);
     let state_id = format!("migration/{}", opts.collection);
     let label = format!("{}.{}", opts.db, opts.collection);

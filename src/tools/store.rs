@@ -20,7 +20,7 @@ use mongodb::Client;
 
 use crate::token::dictionary::{Epoch, COLLECTION, HEAD_ID};
 use crate::token::namespace::{decode, value_number, Stored, VALUE_SUBTYPE};
-use crate::token::store::MARK_COLLECTION;
+use crate::token::store::{database, MARK_COLLECTION};
 use crate::token::{NameStore, Names, Policies};
 
 /// What went wrong in a store tool.
@@ -41,7 +41,7 @@ const KIND: &str = "laconic-dictionary";
 
 /// A database's dictionary as one document.
 pub async fn export(client: &Client, db: &str) -> Result<Document, ToolError> {
-    let coll = client.database(db).collection::<Document>(COLLECTION);
+    let coll = database(client, db).collection::<Document>(COLLECTION);
     let head = coll
         .find_one(doc! {"_id": HEAD_ID})
         .await?
@@ -53,8 +53,7 @@ pub async fn export(client: &Client, db: &str) -> Result<Document, ToolError> {
         .await?
         .try_collect()
         .await?;
-    let mark = client
-        .database(db)
+    let mark = database(client, db)
         .collection::<Document>(MARK_COLLECTION)
         .find_one(doc! {"_id": "mark"})
         .await?;
@@ -83,9 +82,8 @@ pub async fn import(client: &Client, db: &str, export: &Document) -> Result<usiz
     let parsed = crate::token::dictionary::parse_head(db, head)?;
     let dict = crate::token::dictionary::build(db, parsed, &chain)?;
 
-    let coll = client.database(db).collection::<Document>(COLLECTION);
-    let mark = client
-        .database(db)
+    let coll = database(client, db).collection::<Document>(COLLECTION);
+    let mark = database(client, db)
         .collection::<Document>(MARK_COLLECTION)
         .find_one(doc! {"_id": "mark"})
         .await?;
@@ -134,8 +132,7 @@ pub async fn import(client: &Client, db: &str, export: &Document) -> Result<usiz
         .await?;
     // The mark beside the data only ever rises: importing an older copy
     // leaves it saying how much was given out, so proxies still refuse.
-    client
-        .database(db)
+    database(client, db)
         .collection::<Document>(MARK_COLLECTION)
         .update_one(
             doc! {"_id": "mark", "epoch": dict.epoch.to_bson()},
@@ -275,7 +272,7 @@ pub async fn stats(client: &Client, db: &str) -> Result<String, ToolError> {
     let store = NameStore::new(client.clone(), 1000, Policies::default());
     store.refresh(db).await?;
     let dict = store.dictionary(db)?;
-    let coll = client.database(db).collection::<Document>(COLLECTION);
+    let coll = database(client, db).collection::<Document>(COLLECTION);
     let head = coll.find_one(doc! {"_id": HEAD_ID}).await?;
     let Some(head) = head else {
         return Ok(format!("{db}: no dictionary\n"));
@@ -289,8 +286,7 @@ pub async fn stats(client: &Client, db: &str) -> Result<String, ToolError> {
             bytes as f64 / dict.len().max(1) as f64
         }
     };
-    let mark = client
-        .database(db)
+    let mark = database(client, db)
         .collection::<Document>(MARK_COLLECTION)
         .find_one(doc! {"_id": "mark"})
         .await?;
@@ -324,8 +320,7 @@ pub async fn stats(client: &Client, db: &str) -> Result<String, ToolError> {
 /// if a document holds keys that read as tokens (its dictionary may be
 /// lost: restore it instead), unless `force`.
 pub async fn init(client: &Client, db: &str, cap: usize, force: bool) -> Result<(), ToolError> {
-    if client
-        .database(db)
+    if database(client, db)
         .collection::<Document>(COLLECTION)
         .find_one(doc! {"_id": HEAD_ID})
         .await?

@@ -272,12 +272,29 @@ pub fn files_in(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// A byte-for-byte TCP relay in front of `target` that notes the opcode of
-/// every message sent towards the target: it shows what the proxy's
-/// upstream leg really carries.
+/// A byte-for-byte TCP relay in front of `target` that notes the opcode
+/// and the bytes of every message sent towards the target: it shows what
+/// the proxy's upstream leg (or its name store's client) really carries.
 pub struct Tap {
     pub addr: std::net::SocketAddr,
     pub opcodes: std::sync::Arc<Mutex<Vec<i32>>>,
+    /// Each message after its length word.
+    pub messages: std::sync::Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Tap {
+    /// The command document (the kind-0 section) of every OP_MSG seen.
+    pub fn commands(&self) -> Vec<Document> {
+        self.messages
+            .lock()
+            .iter()
+            .filter(|rest| rest[8..12] == 2013i32.to_le_bytes() && rest.get(16) == Some(&0))
+            .map(|rest| {
+                let len = i32::from_le_bytes(rest[17..21].try_into().unwrap()) as usize;
+                bson::from_slice(&rest[17..17 + len]).expect("an OP_MSG body")
+            })
+            .collect()
+    }
 }
 
 pub async fn tap(target: String) -> Tap {
@@ -285,13 +302,14 @@ pub async fn tap(target: String) -> Tap {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let opcodes = Arc::new(Mutex::new(Vec::new()));
-    let seen = opcodes.clone();
+    let messages = Arc::new(Mutex::new(Vec::new()));
+    let (seen, kept) = (opcodes.clone(), messages.clone());
     tokio::spawn(async move {
         while let Ok((down, _)) = listener.accept().await {
             let up = TcpStream::connect(&target).await.unwrap();
             let (mut dr, mut dw) = down.into_split();
             let (mut ur, mut uw) = up.into_split();
-            let seen = seen.clone();
+            let (seen, kept) = (seen.clone(), kept.clone());
             tokio::spawn(async move {
                 loop {
                     let mut len = [0u8; 4];
@@ -302,8 +320,9 @@ pub async fn tap(target: String) -> Tap {
                     if dr.read_exact(&mut rest).await.is_err() {
                         break;
                     }
-                    seen.lock()
-                        .push(i32::from_le_bytes(rest[8..12].try_into().unwrap()));
+                    let opcode = i32::from_le_bytes(rest[8..12].try_into().unwrap());
+                    seen.lock().push(opcode);
+                    kept.lock().push(rest.clone());
                     if uw.write_all(&len).await.is_err() || uw.write_all(&rest).await.is_err() {
                         break;
                     }
@@ -314,7 +333,11 @@ pub async fn tap(target: String) -> Tap {
             });
         }
     });
-    Tap { addr, opcodes }
+    Tap {
+        addr,
+        opcodes,
+        messages,
+    }
 }
 
 /// Every document matching `filter`, in `_id` order (as documents, or as

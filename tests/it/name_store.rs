@@ -189,3 +189,97 @@ async fn a_restarted_proxy_reads_the_same_tokens_in_one_round_trip() {
         40
     );
 }
+
+/// Every command of the store is answered only once a majority has
+/// journaled it, reads only majority-committed data, and goes to the
+/// primary, whatever the URI asks of the client (here `w=1`, no journal,
+/// `local` reads from a secondary). Otherwise a failover could take back a
+/// token that documents already hold, and a later allocation could give it
+/// to another name.
+#[tokio::test]
+async fn the_store_writes_and_reads_what_a_majority_holds_whatever_the_uri_says() {
+    let (scope, _) = store_db("ns_concerns").await;
+    let tap = common::tap(common::upstream().host.clone()).await;
+    let uri = format!(
+        "mongodb://{}/?directConnection=true&w=1&journal=false&readConcernLevel=local&readPreference=secondaryPreferred",
+        tap.addr
+    );
+    let client = mongodb::Client::with_uri_str(uri).await.unwrap();
+    let store = NameStore::new(client, 1000, Default::default());
+    store
+        .allocate(&scope, &["a long field name", "another one"], &["gold"])
+        .await
+        .unwrap();
+    // A second proxy's first read, then the once-a-second revalidation.
+    let other = NameStore::new(
+        mongodb::Client::with_uri_str(format!("mongodb://{}/?directConnection=true&w=1", tap.addr))
+            .await
+            .unwrap(),
+        1000,
+        Default::default(),
+    );
+    other.refresh(&scope).await.unwrap();
+    other.revalidate().await;
+    assert_eq!(
+        token(&store, &scope, "another one"),
+        token(&other, &scope, "another one")
+    );
+
+    let store_collections = ["__laconic", "__laconic_mark"];
+    let (mut writes, mut reads) = (Vec::new(), Vec::new());
+    for c in tap.commands() {
+        let Some((name, target)) = c.iter().next() else {
+            continue;
+        };
+        if c.get_str("$db") != Ok(scope.as_str())
+            || !target
+                .as_str()
+                .is_some_and(|t| store_collections.contains(&t))
+        {
+            continue;
+        }
+        match name.as_str() {
+            "findAndModify" | "update" | "insert" | "delete" => writes.push(c),
+            "find" | "aggregate" => reads.push(c),
+            other => panic!("the store sent an unexpected command: {other}"),
+        }
+    }
+    // The head, the mark, the names' chain document (opened, then pushed
+    // to) and the values' (the same): at least six writes; a read after
+    // each open, and the other store's two.
+    assert!(writes.len() >= 6, "{writes:#?}");
+    assert!(reads.len() >= 4, "{reads:#?}");
+    for w in &writes {
+        let concern = w
+            .get_document("writeConcern")
+            .unwrap_or_else(|_| panic!("{w}"));
+        assert_eq!(concern.get_str("w"), Ok("majority"), "{w}");
+        assert_eq!(concern.get_bool("j"), Ok(true), "{w}");
+        let wait = concern
+            .get("wtimeout")
+            .and_then(bson::Bson::as_i64)
+            .or_else(|| {
+                concern
+                    .get("wtimeout")
+                    .and_then(bson::Bson::as_i32)
+                    .map(i64::from)
+            });
+        assert_eq!(wait, Some(10_000), "{w}");
+    }
+    for r in &reads {
+        let level = r
+            .get_document("readConcern")
+            .and_then(|c| c.get_str("level"));
+        assert_eq!(level, Ok("majority"), "{r}");
+        // On a direct connection to one server a driver asks for the
+        // primary as `primaryPreferred` (so that the server answers if it is
+        // a secondary); the URI's `secondaryPreferred` is not what is sent.
+        let mode = r
+            .get_document("$readPreference")
+            .and_then(|p| p.get_str("mode"));
+        assert!(
+            matches!(mode, Ok("primaryPreferred") | Ok("primary")) || mode.is_err(),
+            "{r}"
+        );
+    }
+}
