@@ -277,12 +277,20 @@ pub fn files_in(dir: &Path) -> Vec<PathBuf> {
 /// the proxy's upstream leg (or its name store's client) really carries.
 pub struct Tap {
     pub addr: std::net::SocketAddr,
-    pub opcodes: std::sync::Arc<Mutex<Vec<i32>>>,
     /// Each message after its length word.
-    pub messages: std::sync::Arc<Mutex<Vec<Vec<u8>>>>,
+    messages: std::sync::Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl Tap {
+    /// The opcode of every message seen, in order.
+    pub fn opcodes(&self) -> Vec<i32> {
+        self.messages
+            .lock()
+            .iter()
+            .map(|rest| i32::from_le_bytes(rest[8..12].try_into().unwrap()))
+            .collect()
+    }
+
     /// The command document (the kind-0 section) of every OP_MSG seen.
     pub fn commands(&self) -> Vec<Document> {
         self.messages
@@ -301,15 +309,14 @@ pub async fn tap(target: String) -> Tap {
     use std::sync::Arc;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let opcodes = Arc::new(Mutex::new(Vec::new()));
     let messages = Arc::new(Mutex::new(Vec::new()));
-    let (seen, kept) = (opcodes.clone(), messages.clone());
+    let kept = messages.clone();
     tokio::spawn(async move {
         while let Ok((down, _)) = listener.accept().await {
             let up = TcpStream::connect(&target).await.unwrap();
             let (mut dr, mut dw) = down.into_split();
             let (mut ur, mut uw) = up.into_split();
-            let (seen, kept) = (seen.clone(), kept.clone());
+            let kept = kept.clone();
             tokio::spawn(async move {
                 loop {
                     let mut len = [0u8; 4];
@@ -320,8 +327,6 @@ pub async fn tap(target: String) -> Tap {
                     if dr.read_exact(&mut rest).await.is_err() {
                         break;
                     }
-                    let opcode = i32::from_le_bytes(rest[8..12].try_into().unwrap());
-                    seen.lock().push(opcode);
                     kept.lock().push(rest.clone());
                     if uw.write_all(&len).await.is_err() || uw.write_all(&rest).await.is_err() {
                         break;
@@ -333,11 +338,7 @@ pub async fn tap(target: String) -> Tap {
             });
         }
     });
-    Tap {
-        addr,
-        opcodes,
-        messages,
-    }
+    Tap { addr, messages }
 }
 
 /// Every document matching `filter`, in `_id` order (as documents, or as

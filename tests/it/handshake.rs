@@ -263,7 +263,7 @@ async fn the_upstream_leg_is_compressed_only_when_the_upstream_accepts_it() {
     let read: Vec<Document> = common::by_id(&c, doc! {}).await;
     assert_eq!(read, docs);
 
-    let opcodes = tap.opcodes.lock().clone();
+    let opcodes = tap.opcodes();
     assert_eq!(
         opcodes.first(),
         Some(&2013),
