@@ -164,6 +164,7 @@ fn code_name(code: i32) -> &'static str {
         13 => "Unauthorized",
         18 => "AuthenticationFailed",
         50 => "MaxTimeMSExpired",
+        64 => "WriteConcernFailed",
         91 => "ShutdownInProgress",
         112 => "WriteConflict",
         189 => "PrimarySteppedDown",
@@ -178,6 +179,14 @@ fn code_name(code: i32) -> &'static str {
 /// The error document: `{ok: 0, errmsg, code, codeName}`.
 pub fn error_document(err: &ProxyError) -> RawDocumentBuf {
     let (code, name) = err.code();
+    // The store's refusals carry the server's own name for the code (the
+    // table above, which metrics label with, knows only some).
+    let name = match err {
+        ProxyError::Store(StoreError::Refused { code_name, .. }) if !code_name.is_empty() => {
+            code_name.as_str()
+        }
+        _ => name,
+    };
     let mut errmsg = err.to_string();
     // The server's own errors keep the server's own words.
     if !matches!(
@@ -200,4 +209,28 @@ pub fn error_reply(err: &ProxyError, request: &Frame, request_id: i32) -> Frame 
         _ => Message::Msg(OpMsg::from_body(MsgFlags::default(), &body)),
     };
     Frame::new(request_id, request.header.request_id, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal of the store's command keeps the server's code and its
+    /// name for it, also for a code the proxy's own table does not know.
+    #[test]
+    fn a_store_refusal_answers_with_the_servers_code_and_name() {
+        let err = ProxyError::Store(StoreError::Refused {
+            operation: "findAndModify",
+            code: 100,
+            code_name: "UnsatisfiableWriteConcern".into(),
+            message: "Not enough data-bearing nodes".into(),
+        });
+        let d = error_document(&err);
+        assert_eq!(d.get_i32("code"), Ok(100));
+        assert_eq!(d.get_str("codeName"), Ok("UnsatisfiableWriteConcern"));
+        assert!(d
+            .get_str("errmsg")
+            .unwrap()
+            .starts_with("laconic: the name store's findAndModify failed"));
+    }
 }

@@ -2,8 +2,10 @@
 //! one-member server cannot show: a fault-injection relay in front of the
 //! real upstream plays each host. It forwards every message, and by its
 //! mode answers `hello` as a primary, a secondary or a mongos, refuses
-//! writes as a secondary would (`NotWritablePrimary`), or is down
-//! (connections closed at once).
+//! writes as a secondary would (`NotWritablePrimary`), applies writes as a
+//! primary that has lost its majority would (a majority write is applied,
+//! then answered with a write concern error), or is down (connections
+//! closed at once).
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,6 +23,8 @@ const PRIMARY: u8 = 0;
 const SECONDARY: u8 = 1;
 const MONGOS: u8 = 2;
 const DOWN: u8 = 3;
+/// A primary whose secondaries are gone: `w: "majority"` times out.
+const NO_MAJORITY: u8 = 4;
 
 /// One host of a pretend deployment.
 struct Relay {
@@ -98,7 +102,10 @@ async fn relay(target: String, mode: u8, set: Arc<parking_lot::Mutex<Vec<String>
                     };
                     let reply = if matches!(name.as_str(), "hello" | "isMaster" | "ismaster") {
                         let set = set.lock().clone();
-                        as_member(&request, &reply, mode, &set, &me)
+                        let member = if mode == NO_MAJORITY { PRIMARY } else { mode };
+                        as_member(&request, &reply, member, &set, &me)
+                    } else if mode == NO_MAJORITY && WRITES.contains(&name.as_str()) {
+                        without_majority(&request, reply)
                     } else {
                         reply
                     };
@@ -123,6 +130,31 @@ fn reply_to(request: &Frame, body: &Document) -> Frame {
         request.header.request_id,
         message,
     )
+}
+
+/// The reply of a primary that applied `request` and waited in vain for a
+/// majority, if `request` asked for one: the server's reply with a write
+/// concern error added, as `mongod` answers when `wtimeout` runs out.
+fn without_majority(request: &Frame, reply: Frame) -> Frame {
+    let Message::Msg(m) = request.message() else {
+        return reply;
+    };
+    let asked = Document::try_from(m.body()).unwrap();
+    let majority = asked
+        .get_document("writeConcern")
+        .is_ok_and(|w| w.get_str("w") == Ok("majority"));
+    let Message::Msg(r) = reply.message() else {
+        return reply;
+    };
+    if !majority {
+        return reply;
+    }
+    let mut body = Document::try_from(r.body()).unwrap();
+    body.insert(
+        "writeConcernError",
+        doc! {"code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out", "errInfo": {"wtimeout": true}},
+    );
+    reply_to(request, &body)
 }
 
 /// The upstream's `hello` reply, as the member `mode` says this host is.
@@ -415,5 +447,88 @@ async fn srv_records_outside_the_domain_or_malformed_txt_stop_the_start_with_the
     assert!(
         err.contains("SRV lookup of _mongodb._tcp.c3.0.0.1."),
         "{err}"
+    );
+}
+
+/// A replica set whose primary has lost its secondaries: it applies every
+/// write, and answers one that asked for a majority with a write concern
+/// error once its wait runs out. The name store asks for a majority, so a
+/// command that needs new names is refused with the server's error (which
+/// drivers do not retry), while the names the dictionary has keep working.
+/// Once the majority is back the command goes through, its names stored
+/// once, and everything reads back under the names it was written with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_majority_new_names_are_refused_and_known_ones_keep_working() {
+    let hosts = relays(&[PRIMARY]).await;
+    let mut config = common::proxy_config(&uri(&hosts, "replicaSet=rs0&heartbeatFrequencyMS=500"));
+    config.tokenize.min_len = 4;
+    let proxy = common::start(config).await;
+    let client = common::via_proxy(&proxy).await;
+    let name = db_name("no_majority", "app");
+    let db = client.database(&name);
+    db.drop().await.unwrap();
+    let c = db.collection::<Document>("c");
+    c.insert_one(doc! {"_id": 1, "known_field_name": 1})
+        .await
+        .unwrap();
+
+    hosts[0].set(NO_MAJORITY);
+    // Known names: nothing to allocate, the write goes through.
+    c.insert_one(doc! {"_id": 2, "known_field_name": 2})
+        .await
+        .unwrap();
+    // A new name: its allocation is applied but never acknowledged.
+    let e = c
+        .insert_one(doc! {"_id": 3, "a_brand_new_field_name": 3})
+        .await
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Command(refused) = &*e.kind else {
+        panic!("{e}");
+    };
+    assert_eq!(
+        (refused.code, refused.code_name.as_str()),
+        (64, "WriteConcernFailed")
+    );
+    assert!(
+        refused.message.starts_with("laconic: the name store's"),
+        "{e}"
+    );
+    assert!(!e.contains_label("RetryableWriteError"), "{e}");
+    assert_eq!(
+        common::by_id(&c, doc! {}).await,
+        vec![
+            doc! {"_id": 1, "known_field_name": 1},
+            doc! {"_id": 2, "known_field_name": 2}
+        ]
+    );
+
+    hosts[0].set(PRIMARY);
+    c.insert_one(doc! {"_id": 3, "a_brand_new_field_name": 3})
+        .await
+        .unwrap();
+    assert_eq!(
+        common::by_id(&c, doc! {"_id": 3}).await,
+        vec![doc! {"_id": 3, "a_brand_new_field_name": 3}]
+    );
+    // The allocation applied during the fault and the one after it are
+    // one entry: the name has one token.
+    let chain: Vec<Document> = common::stored(&name, "__laconic")
+        .await
+        .into_iter()
+        .filter(|d| d.get_str("chain") == Ok("names"))
+        .collect();
+    let entries: Vec<&str> = chain
+        .iter()
+        .flat_map(|d| d.get_array("names").unwrap())
+        .filter_map(|n| n.as_str())
+        .filter(|n| *n == "a_brand_new_field_name")
+        .collect();
+    assert_eq!(entries.len(), 1, "{chain:?}");
+    let stored = common::stored(&name, "c").await;
+    assert!(
+        stored
+            .iter()
+            .all(|d| d.keys().all(|k| k == "_id" || k.len() <= 2)),
+        "{stored:?}"
     );
 }
