@@ -290,23 +290,36 @@ pub enum Unreadable {
 
 /// Names inside an error message (`dup key: { <token>: … }`), best effort:
 /// a token is found whole by its first byte (tokens delimit themselves) and
-/// replaced by its name when the dictionary knows it; an escape byte is
-/// dropped. Anything else, unknown tokens included, is left as it is: a
-/// text never names a field it does not name.
+/// replaced by its name when the dictionary knows it. Anything else,
+/// unknown tokens included, is left as it is: a text never names a field it
+/// does not name.
+///
+/// A key starts a path component, so a token or an escape is read only
+/// where a word starts: not right after a letter, a digit, `_`, a non-ASCII
+/// byte or a control byte of the user's own (white space aside). A control
+/// byte inside a key left as it is stays the user's. An escape byte where a
+/// word starts is dropped, and the control byte after it is the first of
+/// the user's key, not a token. (A key kept whole behind one escape,
+/// `a.<control>…`, reads in a text as a path would: its part after the dot
+/// is read as a path's would be.)
 pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
     let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len() * 2);
     let mut plain = 0;
     let mut i = 0;
+    // Whether `bytes[i - 1]` belongs to a word: no key starts at `i` then.
+    let mut in_word = false;
     while i < bytes.len() {
         let b = bytes[i];
-        if b == ESCAPE {
+        if !in_word && b == ESCAPE {
             out.push_str(&text[plain..i]);
-            i += 1;
-            plain = i;
+            plain = i + 1;
+            // The user's own first byte, kept as it is.
+            i += 2;
+            in_word = true;
             continue;
         }
-        if starts_token(b) {
+        if !in_word && starts_token(b) {
             let found = token_len(&bytes[i..]).and_then(|len| {
                 Some((
                     len,
@@ -318,9 +331,14 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
                 out.push_str(name);
                 i += len;
                 plain = i;
+                in_word = true;
                 continue;
             }
         }
+        in_word = b.is_ascii_alphanumeric()
+            || b == b'_'
+            || b >= 0x80
+            || (b.is_ascii_control() && !b.is_ascii_whitespace());
         i += 1;
     }
     out.push_str(&text[plain..]);

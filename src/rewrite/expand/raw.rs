@@ -603,7 +603,8 @@ mod tests {
         // A newline is a token here, as another control character is.
         let newline = dict.name(b"\n").unwrap().to_owned();
         let other = dict.token("field7").unwrap().as_str().to_owned();
-        let text = format!("line one\nline two {other}");
+        // (A token starts a word: after a space, not glued to a letter.)
+        let text = format!("line one \nline two {other}");
         let user = doc! {"_id": 1, "errmsg": &text, "more": {"errmsg": &text}};
         let expand_data = |reply: &bson::Document, strings| expanded_with(&dict, reply, strings);
         for reply in [
@@ -616,7 +617,7 @@ mod tests {
             doc! {"_id": {"_data": "1"}, "operationType": "insert", "fullDocument": user.clone()};
         assert_eq!(expand_data(&event, Strings::Events), event);
         // The reply's own message, and its write errors', name fields.
-        let said = format!("line one{newline}line two field7");
+        let said = format!("line one {newline}line two field7");
         let failed = doc! {"ok": 0.0, "errmsg": &text, "code": 11000};
         assert_eq!(
             expand_data(&failed, Strings::Data),

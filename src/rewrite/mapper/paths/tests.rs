@@ -244,3 +244,35 @@ fn names_inside_error_messages_are_expanded() {
     let raw = bson::RawDocumentBuf::from_document(&doc! {"ok": 0.0, "errmsg": text}).unwrap();
     assert!(crate::rewrite::expand::raw::needed(raw.as_bytes()));
 }
+
+/// A control byte that is the user's own, in an error text, is not read as
+/// a token, though its dictionary has one spelled by that byte: the first
+/// byte of an escaped key (which was an index's key in a server's error),
+/// one inside a key left as it is, and an escape byte inside a key.
+#[test]
+fn an_error_text_keeps_control_bytes_of_the_users_keys() {
+    let mut dict = Dict::default();
+    // Fifteen names: every one-byte token is spelled.
+    let names: Vec<String> = (0..15).map(|i| format!("name{i:02}")).collect();
+    dict.add_names(&names);
+    let one_byte = |b: u8| dict.name(&[b]).map(str::to_owned);
+    let (b2, b4) = (one_byte(0x02).unwrap(), one_byte(0x04).unwrap());
+    let expand = |t: &str| expand::expand_text(t, &dict);
+    // Tokens where keys start: at the start, after white space, `{`, `.`,
+    // `'`, `$` and `,`.
+    assert_eq!(
+        expand("\u{2}: { \u{2}.\u{4}: 1 }, '\u{4}' $\u{2},\u{4}"),
+        format!("{b2}: {{ {b2}.{b4}: 1 }}, '{b4}' ${b2},{b4}")
+    );
+    // An escaped key: the escape goes, the byte after it stays.
+    assert_eq!(
+        expand("key: { sp ace.\u{1f}\u{2}: 1 }"),
+        "key: { sp ace.\u{2}: 1 }"
+    );
+    assert_eq!(expand("\u{1f}\u{4}x.\u{2}"), format!("\u{4}x.{b2}"));
+    // Inside a key left as it is: the user's bytes, escape byte included.
+    assert_eq!(expand("{ e\u{2}mbedded: 1 }"), "{ e\u{2}mbedded: 1 }");
+    assert_eq!(expand("{ a\u{1f}\u{2}: 1 }"), "{ a\u{1f}\u{2}: 1 }");
+    assert_eq!(expand("{ \u{1f}\u{2}\u{4}: 1 }"), "{ \u{2}\u{4}: 1 }");
+    assert_eq!(expand("名前\u{2}"), "名前\u{2}");
+}
