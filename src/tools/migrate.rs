@@ -353,7 +353,7 @@ async fn index_plan(
             continue;
         }
         let logical =
-            expand::document(key, &*store.dictionary(scope)?).unwrap_or_else(|_| key.clone());
+            expand::key_pattern(key, &*store.dictionary(scope)?).unwrap_or_else(|_| key.clone());
         let new = if reverse {
             logical
         } else {

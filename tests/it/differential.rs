@@ -112,3 +112,89 @@ async fn pymongo_sees_the_same_documents_events_and_errors_as_on_the_twin() {
     let out = common::run_ok(command).await;
     assert!(out.contains("steps identical"), "{out}");
 }
+
+/// A field whose name begins with a control character is stored escaped,
+/// and a path through it is escaped in its first part only: an index's
+/// key, a duplicate key's `keyPattern`, `keyValue` and message, and an
+/// update event's fields name it as on the twin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_through_a_field_named_with_a_control_character_reads_as_on_the_twin() {
+    use futures::{StreamExt, TryStreamExt};
+    use mongodb::{options::IndexOptions, IndexModel};
+    let proxy = proxy().await;
+    let run = |client: mongodb::Client, side: &'static str| async move {
+        let c = common::fresh(&client, "ctrlpath", side).await;
+        let mut out = Vec::new();
+        let mut s = client.start_session().await.unwrap();
+        c.insert_one(doc! {"_id": 1, "\u{2}": {"location": 5, "longerName": 1}})
+            .session(&mut s)
+            .await
+            .unwrap();
+        let mut stream = c
+            .watch()
+            .start_at_operation_time(common::just_after(&s))
+            .await
+            .unwrap();
+        let unique = IndexOptions::builder()
+            .unique(true)
+            .name("ix".to_owned())
+            .build();
+        c.create_index(
+            IndexModel::builder()
+                .keys(doc! {"\u{2}.location": 1})
+                .options(unique)
+                .build(),
+        )
+        .await
+        .unwrap();
+        let indexes: Vec<IndexModel> = c.list_indexes().await.unwrap().try_collect().await.unwrap();
+        out.push(format!(
+            "{:?}",
+            indexes.iter().map(|i| &i.keys).collect::<Vec<_>>()
+        ));
+        let reply = c
+            .client()
+            .database(c.namespace().db.as_str())
+            .run_command(doc! {"insert": "c", "documents": [{"_id": 2, "\u{2}": {"location": 5}}]})
+            .await
+            .unwrap();
+        let mut error = reply.get_array("writeErrors").unwrap()[0]
+            .as_document()
+            .unwrap()
+            .clone();
+        let message = error.get_str("errmsg").unwrap().replace(side, "SIDE");
+        error.insert("errmsg", message);
+        out.push(error.to_string());
+        c.update_one(
+            doc! {"_id": 1},
+            doc! {"$set": {"\u{2}.longerName": 2}, "$unset": {"\u{2}.location": ""}},
+        )
+        .await
+        .unwrap();
+        let event = tokio::time::timeout(std::time::Duration::from_secs(20), stream.next())
+            .await
+            .expect("change event in time")
+            .expect("stream open")
+            .unwrap();
+        let update = event.update_description.expect("an update event");
+        out.push(format!(
+            "{} {:?}",
+            update.updated_fields, update.removed_fields
+        ));
+        out
+    };
+    let via = run(common::via_proxy(&proxy).await, "proxy").await;
+    let direct = run(common::direct().await, "direct").await;
+    assert_eq!(via, direct);
+    assert!(via[0].contains("\"\\u{2}.location\""), "{}", via[0]);
+    // Stored escaped, with the field inside it tokenized.
+    let stored = &common::stored(&db_name("ctrlpath", "proxy"), "c").await[0];
+    assert!(stored.contains_key("\u{1f}\u{2}"), "{stored}");
+    assert!(
+        !stored
+            .get_document("\u{1f}\u{2}")
+            .unwrap()
+            .contains_key("longerName"),
+        "{stored}"
+    );
+}

@@ -57,7 +57,8 @@ fn value_needed(v: &Bson) -> bool {
     }
 }
 
-/// The logical form of a stored key.
+/// The logical form of a document's stored key. A key the user wrote with
+/// dots is escaped whole (one escape byte in front keeps all of it).
 pub fn key<'k, N: Names + ?Sized>(
     k: &'k str,
     names: &'k N,
@@ -66,6 +67,17 @@ pub fn key<'k, N: Names + ?Sized>(
     if k.as_bytes().first() == Some(&ESCAPE) {
         return Cow::Borrowed(&k[1..]);
     }
+    path_key(k, names, unknown)
+}
+
+/// The logical form of a stored path (an index's key, an updated field):
+/// each part is a key of its own, escaped or tokenized alone, the first
+/// one included.
+pub fn path_key<'k, N: Names + ?Sized>(
+    k: &'k str,
+    names: &'k N,
+    unknown: &mut Vec<String>,
+) -> Cow<'k, str> {
     if !k.contains('.') {
         return component(k, names, unknown);
     }
@@ -112,6 +124,26 @@ pub fn document(doc: &Document, names: &dyn Names) -> Result<Document, Unknown> 
         unknown.names.dedup();
         unknown.values.sort_unstable();
         unknown.values.dedup();
+        Err(unknown)
+    }
+}
+
+/// Expands an index's key pattern, whose keys are paths; fails with the
+/// tokens the cache lacks.
+pub fn key_pattern(pattern: &Document, names: &dyn Names) -> Result<Document, Unknown> {
+    let mut unknown = Unknown::default();
+    let out = pattern
+        .iter()
+        .map(|(k, v)| {
+            (
+                path_key(k, names, &mut unknown.names).into_owned(),
+                v.clone(),
+            )
+        })
+        .collect();
+    if unknown.is_empty() {
+        Ok(out)
+    } else {
         Err(unknown)
     }
 }
@@ -173,8 +205,13 @@ pub enum Strings {
     /// Inside a change event's `updateDescription`.
     Update,
     /// Write replies: a validation error's `errInfo` names properties in
-    /// strings; everything else is data.
+    /// strings, a duplicate key's `keyPattern` and `keyValue` have paths
+    /// for keys; everything else is data.
     Writes,
+    /// A document whose keys are paths the server wrote (an update event's
+    /// `updatedFields`, a duplicate key's `keyPattern` and `keyValue`):
+    /// each part of a key is read alone. Its values are data.
+    PathKeys,
 }
 
 impl Strings {
@@ -194,8 +231,17 @@ impl Strings {
             // A write reply, down to its errors' accounts.
             (Strings::Writes, "writeErrors" | "writeConcernError") => Strings::Writes,
             (Strings::Writes, "errInfo") => Strings::Paths,
+            (Strings::Update, "updatedFields") | (Strings::Writes, "keyPattern" | "keyValue") => {
+                Strings::PathKeys
+            }
             _ => Strings::Data,
         }
+    }
+
+    /// Whether the keys read this way are paths: a stored key then escapes
+    /// each of its parts alone, where a document's key is escaped whole.
+    pub(super) fn keys_are_paths(self) -> bool {
+        matches!(self, Strings::Paths | Strings::PathKeys)
     }
 }
 
@@ -218,7 +264,7 @@ pub(super) fn path_string<N: Names + ?Sized>(
     } else {
         (String::new(), s)
     };
-    Some(format!("{prefix}{}", key(rest, names, unknown)))
+    Some(format!("{prefix}{}", path_key(rest, names, unknown)))
 }
 
 /// Expands a raw reply whose strings are data.

@@ -282,7 +282,11 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         if plain {
             return Ok((None, strings.under(k)));
         }
-        let logical = super::key(k, names, &mut self.unknown.names);
+        let logical = if strings.keys_are_paths() {
+            super::path_key(k, names, &mut self.unknown.names)
+        } else {
+            super::key(k, names, &mut self.unknown.names)
+        };
         let inner = strings.under(&logical);
         let bytes = match logical {
             Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
@@ -337,7 +341,7 @@ pub fn needed_as(doc: &[u8], strings: Strings) -> bool {
     match strings {
         Strings::Data => needed(doc),
         Strings::Writes => needed_in(doc, false, Some(b"errInfo"), 0).unwrap_or(true),
-        Strings::Paths | Strings::Events | Strings::Update => true,
+        Strings::Paths | Strings::Events | Strings::Update | Strings::PathKeys => true,
     }
 }
 
@@ -546,6 +550,49 @@ mod tests {
         g.learn(4095, 100);
         g.learn(4095, 40_000);
         assert_eq!(g.room(n), before);
+    }
+
+    /// A path whose first part is escaped (a field beginning with a control
+    /// character, then one of its fields) is read part by part where the
+    /// server writes paths as keys: an index's key, a duplicate key's
+    /// `keyPattern` and `keyValue`, an update event's `updatedFields`, and
+    /// in strings. A document's key with dots, escaped whole, stays whole.
+    #[test]
+    fn a_path_whose_first_part_is_escaped_is_read_part_by_part() {
+        let dict = forty_names();
+        let t = dict.token("field7").unwrap().as_str().to_owned();
+        let stored = format!("\u{1f}\u{2}.{t}");
+        let logical = "\u{2}.field7";
+        let index = doc! {"cursor": {"firstBatch": [{"v": 2, "key": {&stored: 1}, "name": "ix"}], "id": 0i64}, "ok": 1.0};
+        assert_eq!(
+            expanded_with(&dict, &index, Strings::Paths),
+            doc! {"cursor": {"firstBatch": [{"v": 2, "key": {logical: 1}, "name": "ix"}], "id": 0i64}, "ok": 1.0}
+        );
+        let duplicate = doc! {"n": 0, "writeErrors": [{"index": 0, "code": 11000,
+        "keyPattern": {&stored: 1}, "keyValue": {&stored: {&stored: 5}}}], "ok": 1.0};
+        assert_eq!(
+            expanded_with(&dict, &duplicate, Strings::Writes),
+            doc! {"n": 0, "writeErrors": [{"index": 0, "code": 11000,
+            "keyPattern": {logical: 1}, "keyValue": {logical: {format!("\u{2}.{t}"): 5}}}], "ok": 1.0},
+            "a value under keyValue is the user's document"
+        );
+        let event = doc! {"cursor": {"nextBatch": [{"operationType": "update",
+        "updateDescription": {"updatedFields": {&stored: {&stored: 1}}, "removedFields": [format!("{stored}.{t}")]}}], "id": 0i64}, "ok": 1.0};
+        assert_eq!(
+            expanded_with(&dict, &event, Strings::Events),
+            doc! {"cursor": {"nextBatch": [{"operationType": "update",
+            "updateDescription": {"updatedFields": {logical: {format!("\u{2}.{t}"): 1}}, "removedFields": [format!("{logical}.field7")]}}], "id": 0i64}, "ok": 1.0}
+        );
+        // A user's document: the key is theirs, dots and all.
+        let data = doc! {"cursor": {"firstBatch": [{&stored: 1}], "id": 0i64}, "ok": 1.0};
+        assert_eq!(
+            expanded_with(&dict, &data, Strings::Data),
+            doc! {"cursor": {"firstBatch": [{format!("\u{2}.{t}"): 1}], "id": 0i64}, "ok": 1.0}
+        );
+        assert_eq!(
+            super::super::key_pattern(&doc! {&stored: 1, "plain": -1}, &dict).unwrap(),
+            doc! {logical: 1, "plain": -1}
+        );
     }
 
     /// Strings are read as paths only where the server writes paths: an
