@@ -334,11 +334,61 @@ pub enum Unreadable {
     Malformed(crate::rewrite::walker::Malformed),
 }
 
+/// How a server's error text prints a value token (binary subtype 140,
+/// [`VALUE_SUBTYPE`]): `BinData(140, <hex>)`.
+const VALUE_IN_TEXT: &[u8] = b"BinData(140, ";
+
+/// Whether a text may name a field or hold a value token: what
+/// [`expand_text`] reads.
+pub(super) fn text_needs_expanding(text: &[u8]) -> bool {
+    text.iter().any(|&b| b == ESCAPE || starts_token(b))
+        || memchr::memmem::find(text, VALUE_IN_TEXT).is_some()
+}
+
+/// The value token printed at the start of `text`, if the dictionary
+/// knows it: how many bytes it takes, and its string.
+fn value_in_text<'n, N: Names + ?Sized>(text: &[u8], names: &'n N) -> Option<(usize, &'n str)> {
+    let rest = text.strip_prefix(VALUE_IN_TEXT)?;
+    let hex = &rest[..rest.iter().position(|&b| b == b')')?];
+    if hex.len() % 2 != 0 || hex.len() > 10 {
+        return None;
+    }
+    let mut bytes = [0u8; 5];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let digits = std::str::from_utf8(pair).ok()?;
+        bytes[i] = u8::from_str_radix(digits, 16).ok()?;
+    }
+    let value = names.value(value_number(&bytes[..hex.len() / 2])?)?;
+    Some((VALUE_IN_TEXT.len() + hex.len() + 1, value))
+}
+
+/// A string as a server's error text prints one: in double quotes, with
+/// quotes, backslashes and control characters escaped.
+fn quoted(s: &str, out: &mut String) {
+    use std::fmt::Write;
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
 /// Names inside an error message (`dup key: { <token>: … }`), best effort:
 /// a token is found whole by its first byte (tokens delimit themselves) and
-/// replaced by its name when the dictionary knows it. Anything else,
-/// unknown tokens included, is left as it is: a text never names a field it
-/// does not name.
+/// replaced by its name when the dictionary knows it, and a value token
+/// (`BinData(140, <hex>)`) by its string in quotes. Anything else, unknown
+/// tokens included, is left as it is: a text never names a field it does
+/// not name.
 ///
 /// A key starts a path component, so a token or an escape is read only
 /// where a word starts: not right after a letter, a digit, `_`, a non-ASCII
@@ -365,6 +415,16 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
             in_word = true;
             continue;
         }
+        if !in_word && b == VALUE_IN_TEXT[0] {
+            if let Some((len, value)) = value_in_text(&bytes[i..], names) {
+                out.push_str(&text[plain..i]);
+                quoted(value, &mut out);
+                i += len;
+                plain = i;
+                in_word = true;
+                continue;
+            }
+        }
         if !in_word && starts_token(b) {
             let found = token_len(&bytes[i..]).and_then(|len| {
                 Some((
@@ -389,4 +449,13 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
     }
     out.push_str(&text[plain..]);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_value_token_is_printed_with_its_subtype() {
+        let printed = format!("BinData({}, ", super::VALUE_SUBTYPE);
+        assert_eq!(super::VALUE_IN_TEXT, printed.as_bytes());
+    }
 }

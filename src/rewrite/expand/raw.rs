@@ -219,7 +219,7 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                     }
                 }
                 0x02 if (inner == Strings::Paths || (envelope && logical == b"errmsg"))
-                    && e.value[4..].iter().any(|&b| b == ESCAPE || starts_token(b)) =>
+                    && super::text_needs_expanding(&e.value[4..]) =>
                 {
                     let text = string_of(e.value)?;
                     let expanded = if inner == Strings::Paths {
@@ -359,9 +359,7 @@ fn needed_in(
         let found = match e.kind {
             0x03 | 0x04 => needed_in(e.value, e.kind == 0x04, paths, descend(depth)?)?,
             0x05 => e.value.get(4) == Some(&VALUE_SUBTYPE),
-            0x02 if e.key == b"errmsg" => {
-                e.value[4..].iter().any(|&b| b == ESCAPE || starts_token(b))
-            }
+            0x02 if e.key == b"errmsg" => super::text_needs_expanding(&e.value[4..]),
             _ => false,
         };
         if found {

@@ -245,6 +245,39 @@ fn names_inside_error_messages_are_expanded() {
     assert!(crate::rewrite::expand::raw::needed(raw.as_bytes()));
 }
 
+/// A value token in an error text (`BinData(140, <hex>)`, as the server
+/// prints a binary) reads as its string, quoted as the server quotes one.
+#[test]
+fn an_error_text_prints_a_value_token_as_its_string() {
+    let mut dict = Dict::default();
+    dict.add_values(&["emailAddress".to_owned(), "say \"hi\"\n".to_owned()]);
+    let expand = |t: &str| expand::expand_text(t, &dict);
+    assert_eq!(
+        expand("Cannot create field 'address' in element {tags: BinData(140, 00)}"),
+        "Cannot create field 'address' in element {tags: \"emailAddress\"}"
+    );
+    assert_eq!(
+        expand("dup key: { tags: BinData(140, 01) }"),
+        "dup key: { tags: \"say \\\"hi\\\"\\n\" }"
+    );
+    // Unknown, malformed, or inside a word: left as it is.
+    for text in [
+        "{a: BinData(140, 02)}",
+        "{a: BinData(140, 0)}",
+        "{a: BinData(140, zz)}",
+        "{a: BinData(140, 00",
+        "{a: xBinData(140, 00)}",
+        "{a: BinData(0, 00)}",
+    ] {
+        assert_eq!(expand(text), text);
+    }
+    let raw = bson::RawDocumentBuf::from_document(
+        &doc! {"ok": 0.0, "errmsg": "in element {tags: BinData(140, 00)}"},
+    )
+    .unwrap();
+    assert!(crate::rewrite::expand::raw::needed(raw.as_bytes()));
+}
+
 /// A control byte that is the user's own, in an error text, is not read as
 /// a token, though its dictionary has one spelled by that byte: the first
 /// byte of an escaped key (which was an index's key in a server's error),
