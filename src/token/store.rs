@@ -429,8 +429,14 @@ impl NameStore {
         let cell = self.scope(scope);
         let seen = cell.reloads.load(Ordering::Acquire);
         let _one = cell.reload.lock().await;
-        if share && cell.reloads.load(Ordering::Acquire) != seen {
-            return Ok(RoundTrips(0)); // a read finished while this one waited
+        // A read that finished while this one waited answers for it, unless
+        // the dictionary was suspected after that read began (it cleared
+        // `stale` as it began): it may have read what a `dropDatabase` took.
+        if share
+            && cell.reloads.load(Ordering::Acquire) != seen
+            && !cell.stale.load(Ordering::Acquire)
+        {
+            return Ok(RoundTrips(0));
         }
         let previous = cell.state.read().clone();
         // The digest of the bytes the current dictionary was built from, if

@@ -283,3 +283,39 @@ async fn the_store_writes_and_reads_what_a_majority_holds_whatever_the_uri_says(
         );
     }
 }
+
+/// A `dropDatabase` through the proxy while a revalidation of the
+/// dictionary is rebuilding what it read before the drop: the proxy's next
+/// use reads the store again rather than share that read, which would keep
+/// the dropped dictionary and give its tokens to the database's new
+/// documents (which no dictionary in the store records).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drop_during_a_revalidation_is_read_again_not_shared() {
+    let (scope, _) = store_db("ns_droprace").await;
+    let store = store(1000).await;
+    let client = common::direct().await;
+    // Enough names that rebuilding them outlasts a drop.
+    let names: Vec<String> = (0..4000).map(|i| format!("a field name {i:05}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    for round in 0..3 {
+        store.allocate(&scope, &refs, &[]).await.unwrap();
+        // A new name: the store's bytes change, so the revalidation rebuilds.
+        store
+            .allocate(&scope, &[&format!("round {round}")], &[])
+            .await
+            .unwrap();
+        let revalidation = tokio::spawn({
+            let store = store.clone();
+            async move { store.revalidate().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        client.database(&scope).drop().await.unwrap();
+        store.suspect(&scope);
+        store.ensure_loaded(&scope).await.unwrap();
+        assert!(
+            store.dictionary(&scope).unwrap().is_empty(),
+            "round {round}: the dictionary dropped with the database is still used"
+        );
+        revalidation.await.unwrap();
+    }
+}
