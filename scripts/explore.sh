@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A random differential campaign (not run in CI): seeds of random operations
+# through two tokenizing proxies, each against an untokenized twin database
+# on the same upstream (tests/py/random_differential.py says what is drawn
+# and compared).
+#
+#   scripts/explore.sh [SEEDS] [OPS]     (default: 50 seeds of 400 operations)
+#
+# The proxies tokenize every name, and names of 4 bytes or more with custom
+# attributes and three value paths. The upstream is a SecantusDB started
+# here, or the server LACONIC_TEST_UPSTREAM names (a real mongod, say).
+# Prints each seed's summary and every difference; exits 1 if any.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seeds=${1:-50}
+ops=${2:-400}
+bash scripts/setup.sh
+cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
+
+source scripts/lib.sh
+
+if [ -n "${LACONIC_TEST_UPSTREAM:-}" ]; then
+  upstream=$LACONIC_TEST_UPSTREAM
+else
+  start_upstream
+  upstream="mongodb://127.0.0.1:$UPSTREAM_PORT/"
+fi
+direct="$upstream"
+case "$direct" in *\?*) direct="$direct&directConnection=true" ;; *) direct="$direct?directConnection=true" ;; esac
+
+every=(--tokenize-min-len 1 --store-db laconic_explore_all)
+values=(--tokenize-min-len 4 --custom-path custom --value-path tags --value-path productCategory
+  --value-path location.city --store-db laconic_explore_values)
+addrs=()
+for name in every values; do
+  declare -n options=$name
+  ./target/release/laconic serve --listen 127.0.0.1:0 --upstream "$upstream" --no-metrics "${options[@]}" \
+    > "$work/$name.out" 2> "$work/$name.log" &
+  until grep -q "listening on" "$work/$name.out"; do sleep 0.1; done
+  addrs+=("$(sed -n 's/^listening on //p' "$work/$name.out")")
+done
+
+failed=0
+for seed in $(seq 1 "$seeds"); do
+  for i in 0 1; do
+    out=$(.upstream/venv/bin/python tests/py/random_differential.py \
+      "mongodb://${addrs[$i]}/?retryWrites=false" "$direct" "explore_${i}_$seed" "$seed" "$ops" 2>&1) || true
+    echo "$out" | grep -v "^refused" | sed "s/^/[${addrs[$i]}] /"
+    echo "$out" | grep -q " 0 mismatches, .*final state same" || failed=1
+  done
+done
+exit $failed
