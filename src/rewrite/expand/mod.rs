@@ -362,25 +362,21 @@ fn value_in_text<'n, N: Names + ?Sized>(text: &[u8], names: &'n N) -> Option<(us
     Some((VALUE_IN_TEXT.len() + hex.len() + 1, value))
 }
 
-/// A string as a server's error text prints one: in double quotes, with
-/// quotes, backslashes and control characters escaped.
-fn quoted(s: &str, out: &mut String) {
-    use std::fmt::Write;
+/// A string as the server prints a string value in a text: in double
+/// quotes, as it is, cut after 150 bytes when 160 or longer.
+fn print_string(s: &str, out: &mut String) {
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
+    if s.len() < 160 {
+        out.push_str(s);
+        out.push('"');
+    } else {
+        let cut = (0..=150)
+            .rev()
+            .find(|&i| s.is_char_boundary(i))
+            .unwrap_or(0);
+        out.push_str(&s[..cut]);
+        out.push_str("...\"");
     }
-    out.push('"');
 }
 
 /// Names inside an error message (`dup key: { <token>: … }`), best effort:
@@ -388,7 +384,8 @@ fn quoted(s: &str, out: &mut String) {
 /// replaced by its name when the dictionary knows it, and a value token
 /// (`BinData(140, <hex>)`) by its string in quotes. Anything else, unknown
 /// tokens included, is left as it is: a text never names a field it does
-/// not name.
+/// not name. Inside double quotes, where the server prints a string value,
+/// nothing is read: the user's text stays as it is, control bytes and all.
 ///
 /// A key starts a path component, so a token or an escape is read only
 /// where a word starts: not right after a letter, a digit, `_`, a non-ASCII
@@ -405,40 +402,47 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
     let mut i = 0;
     // Whether `bytes[i - 1]` belongs to a word: no key starts at `i` then.
     let mut in_word = false;
+    // Whether `i` is inside double quotes, where the server prints a string
+    // value: what they hold is the user's.
+    let mut in_value = false;
     while i < bytes.len() {
         let b = bytes[i];
-        if !in_word && b == ESCAPE {
-            out.push_str(&text[plain..i]);
-            plain = i + 1;
-            // The user's own first byte, kept as it is.
-            i += 2;
-            in_word = true;
-            continue;
-        }
-        if !in_word && b == VALUE_IN_TEXT[0] {
-            if let Some((len, value)) = value_in_text(&bytes[i..], names) {
+        if b == b'"' {
+            in_value = !in_value;
+        } else if !in_word && !in_value {
+            if b == ESCAPE {
                 out.push_str(&text[plain..i]);
-                quoted(value, &mut out);
-                i += len;
-                plain = i;
+                plain = i + 1;
+                // The user's own first byte, kept as it is.
+                i += 2;
                 in_word = true;
                 continue;
             }
-        }
-        if !in_word && starts_token(b) {
-            let found = token_len(&bytes[i..]).and_then(|len| {
-                Some((
-                    len,
-                    names.name(Token::from_bytes(&bytes[i..i + len])?.as_bytes())?,
-                ))
-            });
-            if let Some((len, name)) = found {
-                out.push_str(&text[plain..i]);
-                out.push_str(name);
-                i += len;
-                plain = i;
-                in_word = true;
-                continue;
+            if b == VALUE_IN_TEXT[0] {
+                if let Some((len, value)) = value_in_text(&bytes[i..], names) {
+                    out.push_str(&text[plain..i]);
+                    print_string(value, &mut out);
+                    i += len;
+                    plain = i;
+                    in_word = true;
+                    continue;
+                }
+            }
+            if starts_token(b) {
+                let found = token_len(&bytes[i..]).and_then(|len| {
+                    Some((
+                        len,
+                        names.name(Token::from_bytes(&bytes[i..i + len])?.as_bytes())?,
+                    ))
+                });
+                if let Some((len, name)) = found {
+                    out.push_str(&text[plain..i]);
+                    out.push_str(name);
+                    i += len;
+                    plain = i;
+                    in_word = true;
+                    continue;
+                }
             }
         }
         in_word = b.is_ascii_alphanumeric()

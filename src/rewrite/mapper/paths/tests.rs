@@ -246,11 +246,17 @@ fn names_inside_error_messages_are_expanded() {
 }
 
 /// A value token in an error text (`BinData(140, <hex>)`, as the server
-/// prints a binary) reads as its string, quoted as the server quotes one.
+/// prints a binary) reads as its string, printed as the server prints a
+/// string value: in quotes, as it is, cut after 150 bytes when longer.
 #[test]
 fn an_error_text_prints_a_value_token_as_its_string() {
     let mut dict = Dict::default();
-    dict.add_values(&["emailAddress".to_owned(), "say \"hi\"\n".to_owned()]);
+    let long = "é".repeat(80);
+    dict.add_values(&[
+        "emailAddress".to_owned(),
+        "say \"hi\"\n".to_owned(),
+        long.clone(),
+    ]);
     let expand = |t: &str| expand::expand_text(t, &dict);
     assert_eq!(
         expand("Cannot create field 'address' in element {tags: BinData(140, 00)}"),
@@ -258,11 +264,15 @@ fn an_error_text_prints_a_value_token_as_its_string() {
     );
     assert_eq!(
         expand("dup key: { tags: BinData(140, 01) }"),
-        "dup key: { tags: \"say \\\"hi\\\"\\n\" }"
+        "dup key: { tags: \"say \"hi\"\n\" }"
+    );
+    assert_eq!(
+        expand("{ tags: BinData(140, 02) }"),
+        format!("{{ tags: \"{}...\" }}", "é".repeat(75))
     );
     // Unknown, malformed, or inside a word: left as it is.
     for text in [
-        "{a: BinData(140, 02)}",
+        "{a: BinData(140, 03)}",
         "{a: BinData(140, 0)}",
         "{a: BinData(140, zz)}",
         "{a: BinData(140, 00",
@@ -308,4 +318,14 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
     assert_eq!(expand("{ a\u{1f}\u{2}: 1 }"), "{ a\u{1f}\u{2}: 1 }");
     assert_eq!(expand("{ \u{1f}\u{2}\u{4}: 1 }"), "{ \u{2}\u{4}: 1 }");
     assert_eq!(expand("名前\u{2}"), "名前\u{2}");
+    // A string value, which the server prints in double quotes, is the
+    // user's: an escape byte or a token's first byte there stays.
+    assert_eq!(
+        expand("in element {tags: \"\u{1f}\u{2}\"} '\u{2}'"),
+        format!("in element {{tags: \"\u{1f}\u{2}\"}} '{b2}'")
+    );
+    assert_eq!(
+        expand("{ \u{4}: \"\u{7f}\" }"),
+        format!("{{ {b4}: \"\u{7f}\" }}")
+    );
 }
