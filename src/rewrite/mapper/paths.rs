@@ -332,7 +332,17 @@ fn value_condition(v: &Bson, names: &dyn Names) -> Bson {
                             Bson::RegularExpression(r) => r.pattern.clone(),
                             _ => continue,
                         };
-                        out.insert("$in", regex_in(&pattern, options, names));
+                        match regex_in(&pattern, options, names) {
+                            Some(list) => {
+                                out.insert("$in", list);
+                            }
+                            None => {
+                                out.insert("$regex", operand.clone());
+                                if !options.is_empty() {
+                                    out.insert("$options", options);
+                                }
+                            }
+                        }
                     }
                     "$options" => {}
                     "$not" | "$elemMatch" => {
@@ -345,30 +355,34 @@ fn value_condition(v: &Bson, names: &dyn Names) -> Bson {
             }
             Bson::Document(out)
         }
-        Bson::RegularExpression(r) => {
-            let mut out = Document::new();
-            out.insert("$in", regex_in(&r.pattern, &r.options, names));
-            Bson::Document(out)
-        }
+        Bson::RegularExpression(r) => match regex_in(&r.pattern, &r.options, names) {
+            Some(list) => Bson::Document(bson::doc! {"$in": list}),
+            None => v.clone(),
+        },
         other => value_literal(other, names),
     }
 }
 
-/// The tokens whose values match, plus the expression for untokenized values.
-fn regex_in(pattern: &str, options: &str, names: &dyn Names) -> Bson {
-    let mut list = Vec::new();
-    if let Some(re) = compile_regex(pattern, options) {
-        for (t, value) in names.values() {
-            if re.is_match(&value) {
-                list.push(value_token(t));
-            }
-        }
+/// The tokens whose values match, plus the expression for untokenized
+/// values; `None` when no value of the dictionary matches, and the
+/// expression stays as it came: `$in` the expression alone would be an
+/// equality to an upsert, which would store the expression as the value.
+fn regex_in(pattern: &str, options: &str, names: &dyn Names) -> Option<Bson> {
+    let re = compile_regex(pattern, options)?;
+    let mut list: Vec<Bson> = names
+        .values()
+        .into_iter()
+        .filter(|(_, value)| re.is_match(value))
+        .map(|(t, _)| value_token(t))
+        .collect();
+    if list.is_empty() {
+        return None;
     }
     list.push(Bson::RegularExpression(bson::Regex {
         pattern: pattern.to_owned(),
         options: options.to_owned(),
     }));
-    Bson::Array(list)
+    Some(Bson::Array(list))
 }
 
 /// A MongoDB regular expression as a Rust one; `None` if it uses syntax the

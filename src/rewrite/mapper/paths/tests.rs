@@ -76,6 +76,20 @@ fn values_at_value_paths_become_value_tokens_and_queries_follow() {
     )
     .unwrap();
     assert!(matches!(f.values().next().unwrap(), Bson::Binary(b) if b.bytes == vec![1]));
+    // No value matches: the expression stays as it came, in either form
+    // (`$in` it alone would be an equality to an upsert, which would store
+    // the expression as the field's value).
+    let none = bson::Regex {
+        pattern: "^zzz".into(),
+        options: String::new(),
+    };
+    for condition in [
+        doc! {"top_artists": {"$regex": "^zzz", "$options": "i"}},
+        doc! {"top_artists": none},
+    ] {
+        let f = filter(&condition, &[], &policy, &dict, &no_expr).unwrap();
+        assert_eq!(f.values().next(), condition.values().next());
+    }
 }
 
 #[test]
