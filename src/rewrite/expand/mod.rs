@@ -14,12 +14,15 @@ use bson::{Bson, Document};
 use bson::spec::BinarySubtype;
 
 use crate::token::namespace::{
-    any_part_reserved, decode, starts_token, token_len, value_number, Stored, Token, ESCAPE,
-    VALUE_SUBTYPE,
+    any_part_reserved, decode, starts_token, value_number, Stored, ESCAPE, VALUE_SUBTYPE,
 };
 use crate::token::Names;
 
 pub mod raw;
+mod text;
+
+pub use text::expand_text;
+use text::text_needs_expanding;
 
 /// Tokens the cache does not know yet: refresh the store, then expand again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -332,134 +335,4 @@ pub enum Unreadable {
     /// Tokens the dictionary lacks: read it again, or fail closed.
     Unknown(Unknown),
     Malformed(crate::rewrite::walker::Malformed),
-}
-
-/// How a server's error text prints a value token (binary subtype 140,
-/// [`VALUE_SUBTYPE`]): `BinData(140, <hex>)`.
-const VALUE_IN_TEXT: &[u8] = b"BinData(140, ";
-
-/// Whether a text may name a field or hold a value token: what
-/// [`expand_text`] reads.
-pub(super) fn text_needs_expanding(text: &[u8]) -> bool {
-    text.iter().any(|&b| b == ESCAPE || starts_token(b))
-        || memchr::memmem::find(text, VALUE_IN_TEXT).is_some()
-}
-
-/// The value token printed at the start of `text`, if the dictionary
-/// knows it: how many bytes it takes, and its string.
-fn value_in_text<'n, N: Names + ?Sized>(text: &[u8], names: &'n N) -> Option<(usize, &'n str)> {
-    let rest = text.strip_prefix(VALUE_IN_TEXT)?;
-    let hex = &rest[..rest.iter().position(|&b| b == b')')?];
-    if hex.len() % 2 != 0 || hex.len() > 10 {
-        return None;
-    }
-    let mut bytes = [0u8; 5];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        let digits = std::str::from_utf8(pair).ok()?;
-        bytes[i] = u8::from_str_radix(digits, 16).ok()?;
-    }
-    let value = names.value(value_number(&bytes[..hex.len() / 2])?)?;
-    Some((VALUE_IN_TEXT.len() + hex.len() + 1, value))
-}
-
-/// A string as the server prints a string value in a text: in double
-/// quotes, as it is, cut after 150 bytes when 160 or longer.
-fn print_string(s: &str, out: &mut String) {
-    out.push('"');
-    if s.len() < 160 {
-        out.push_str(s);
-        out.push('"');
-    } else {
-        let cut = (0..=150)
-            .rev()
-            .find(|&i| s.is_char_boundary(i))
-            .unwrap_or(0);
-        out.push_str(&s[..cut]);
-        out.push_str("...\"");
-    }
-}
-
-/// Names inside an error message (`dup key: { <token>: … }`), best effort:
-/// a token is found whole by its first byte (tokens delimit themselves) and
-/// replaced by its name when the dictionary knows it, and a value token
-/// (`BinData(140, <hex>)`) by its string in quotes. Anything else, unknown
-/// tokens included, is left as it is: a text never names a field it does
-/// not name. Inside double quotes, where the server prints a string value,
-/// nothing is read: the user's text stays as it is, control bytes and all.
-///
-/// A key starts a path component, so a token or an escape is read only
-/// where a word starts: not right after a letter, a digit, `_`, a non-ASCII
-/// byte or a control byte of the user's own (white space aside). A control
-/// byte inside a key left as it is stays the user's. An escape byte where a
-/// word starts is dropped, and the control byte after it is the first of
-/// the user's key, not a token. (A key kept whole behind one escape,
-/// `a.<control>…`, reads in a text as a path would: its part after the dot
-/// is read as a path's would be.)
-pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
-    let bytes = text.as_bytes();
-    let mut out = String::with_capacity(text.len() * 2);
-    let mut plain = 0;
-    let mut i = 0;
-    // Whether `bytes[i - 1]` belongs to a word: no key starts at `i` then.
-    let mut in_word = false;
-    // Whether `i` is inside double quotes, where the server prints a string
-    // value: what they hold is the user's.
-    let mut in_value = false;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if b == b'"' {
-            in_value = !in_value;
-        } else if !in_word && !in_value {
-            if b == ESCAPE {
-                out.push_str(&text[plain..i]);
-                plain = i + 1;
-                // The user's own first byte, kept as it is.
-                i += 2;
-                in_word = true;
-                continue;
-            }
-            if b == VALUE_IN_TEXT[0] {
-                if let Some((len, value)) = value_in_text(&bytes[i..], names) {
-                    out.push_str(&text[plain..i]);
-                    print_string(value, &mut out);
-                    i += len;
-                    plain = i;
-                    in_word = true;
-                    continue;
-                }
-            }
-            if starts_token(b) {
-                let found = token_len(&bytes[i..]).and_then(|len| {
-                    Some((
-                        len,
-                        names.name(Token::from_bytes(&bytes[i..i + len])?.as_bytes())?,
-                    ))
-                });
-                if let Some((len, name)) = found {
-                    out.push_str(&text[plain..i]);
-                    out.push_str(name);
-                    i += len;
-                    plain = i;
-                    in_word = true;
-                    continue;
-                }
-            }
-        }
-        in_word = b.is_ascii_alphanumeric()
-            || b == b'_'
-            || b >= 0x80
-            || (b.is_ascii_control() && !b.is_ascii_whitespace());
-        i += 1;
-    }
-    out.push_str(&text[plain..]);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_value_token_is_printed_with_its_subtype() {
-        let printed = format!("BinData({}, ", super::VALUE_SUBTYPE);
-        assert_eq!(super::VALUE_IN_TEXT, printed.as_bytes());
-    }
 }

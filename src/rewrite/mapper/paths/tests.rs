@@ -332,8 +332,9 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
     assert_eq!(expand("{ a\u{1f}\u{2}: 1 }"), "{ a\u{1f}\u{2}: 1 }");
     assert_eq!(expand("{ \u{1f}\u{2}\u{4}: 1 }"), "{ \u{2}\u{4}: 1 }");
     assert_eq!(expand("名前\u{2}"), "名前\u{2}");
-    // A string value, which the server prints in double quotes, is the
-    // user's: an escape byte or a token's first byte there stays.
+    // In double quotes, a string value: an escape byte there stays (and
+    // so does the byte after it), and a token ends before the closing
+    // quote. A path the proxy wrote, a `$rename` target, is read.
     assert_eq!(
         expand("in element {tags: \"\u{1f}\u{2}\"} '\u{2}'"),
         format!("in element {{tags: \"\u{1f}\u{2}\"}} '{b2}'")
@@ -341,5 +342,9 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
     assert_eq!(
         expand("{ \u{4}: \"\u{7f}\" }"),
         format!("{{ {b4}: \"\u{7f}\" }}")
+    );
+    assert_eq!(
+        expand("must differ: \u{2}: \"\u{2}.\u{4}\""),
+        format!("must differ: {b2}: \"{b2}.{b4}\"")
     );
 }

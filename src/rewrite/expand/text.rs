@@ -1,0 +1,146 @@
+//! Names and value tokens inside a server's error text, which the server
+//! wrote from stored keys and values: read where a key starts, and never
+//! inside a string value.
+
+use crate::token::namespace::{starts_token, token_len, value_number, Token, ESCAPE};
+use crate::token::Names;
+
+/// How a server's error text prints a value token (binary subtype 140,
+/// [`VALUE_SUBTYPE`](crate::token::namespace::VALUE_SUBTYPE)): `BinData(140, <hex>)`.
+const VALUE_IN_TEXT: &[u8] = b"BinData(140, ";
+
+/// Whether a text may name a field or hold a value token: what
+/// [`expand_text`] reads.
+pub(super) fn text_needs_expanding(text: &[u8]) -> bool {
+    text.iter().any(|&b| b == ESCAPE || starts_token(b))
+        || memchr::memmem::find(text, VALUE_IN_TEXT).is_some()
+}
+
+/// The value token printed at the start of `text`, if the dictionary
+/// knows it: how many bytes it takes, and its string.
+fn value_in_text<'n, N: Names + ?Sized>(text: &[u8], names: &'n N) -> Option<(usize, &'n str)> {
+    let rest = text.strip_prefix(VALUE_IN_TEXT)?;
+    let hex = &rest[..rest.iter().position(|&b| b == b')')?];
+    if hex.len() % 2 != 0 || hex.len() > 10 {
+        return None;
+    }
+    let mut bytes = [0u8; 5];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let digits = std::str::from_utf8(pair).ok()?;
+        bytes[i] = u8::from_str_radix(digits, 16).ok()?;
+    }
+    let value = names.value(value_number(&bytes[..hex.len() / 2])?)?;
+    Some((VALUE_IN_TEXT.len() + hex.len() + 1, value))
+}
+
+/// A string as the server prints a string value in a text: in double
+/// quotes, as it is, cut after 150 bytes when 160 or longer.
+fn print_string(s: &str, out: &mut String) {
+    out.push('"');
+    if s.len() < 160 {
+        out.push_str(s);
+        out.push('"');
+    } else {
+        let cut = (0..=150)
+            .rev()
+            .find(|&i| s.is_char_boundary(i))
+            .unwrap_or(0);
+        out.push_str(&s[..cut]);
+        out.push_str("...\"");
+    }
+}
+
+/// Names inside an error message (`dup key: { <token>: … }`), best effort:
+/// a token is found whole by its first byte (tokens delimit themselves) and
+/// replaced by its name when the dictionary knows it, and a value token
+/// (`BinData(140, <hex>)`) by its string in quotes. Anything else, unknown
+/// tokens included, is left as it is: a text never names a field it does
+/// not name.
+///
+/// Inside double quotes the server prints a string value: the user's, or a
+/// path the proxy wrote (a `$rename` target). A token is read there, but
+/// not past the closing quote, and an escape byte stays: a value's own
+/// control bytes are left as they are, unless one spells a whole token the
+/// dictionary knows (a value beginning with a control character, in an
+/// error about it, then reads as that name: the one guess left).
+///
+/// A key starts a path component, so a token or an escape is read only
+/// where a word starts: not right after a letter, a digit, `_`, a non-ASCII
+/// byte or a control byte of the user's own (white space aside). A control
+/// byte inside a key left as it is stays the user's. An escape byte where a
+/// word starts is dropped, and the control byte after it is the first of
+/// the user's key, not a token. (A key kept whole behind one escape,
+/// `a.<control>…`, reads in a text as a path would: its part after the dot
+/// is read as a path's would be.)
+pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len() * 2);
+    let mut plain = 0;
+    let mut i = 0;
+    // Whether `bytes[i - 1]` belongs to a word: no key starts at `i` then.
+    let mut in_word = false;
+    // Whether `i` is inside double quotes, where the server prints a string.
+    let mut quoted = false;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'"' {
+            quoted = !quoted;
+        } else if !in_word && !quoted {
+            if b == ESCAPE {
+                out.push_str(&text[plain..i]);
+                plain = i + 1;
+                // The user's own first byte, kept as it is.
+                i += 2;
+                in_word = true;
+                continue;
+            }
+            if b == VALUE_IN_TEXT[0] {
+                if let Some((len, value)) = value_in_text(&bytes[i..], names) {
+                    out.push_str(&text[plain..i]);
+                    print_string(value, &mut out);
+                    i += len;
+                    plain = i;
+                    in_word = true;
+                    continue;
+                }
+            }
+        }
+        if !in_word && starts_token(b) {
+            // Within quotes, up to the closing one.
+            let end = match quoted {
+                true => memchr::memchr(b'"', &bytes[i..]).map_or(bytes.len(), |n| i + n),
+                false => bytes.len(),
+            };
+            let found = token_len(&bytes[i..end]).and_then(|len| {
+                Some((
+                    len,
+                    names.name(Token::from_bytes(&bytes[i..i + len])?.as_bytes())?,
+                ))
+            });
+            if let Some((len, name)) = found {
+                out.push_str(&text[plain..i]);
+                out.push_str(name);
+                i += len;
+                plain = i;
+                in_word = true;
+                continue;
+            }
+        }
+        in_word = b.is_ascii_alphanumeric()
+            || b == b'_'
+            || b >= 0x80
+            || (b.is_ascii_control() && !b.is_ascii_whitespace());
+        i += 1;
+    }
+    out.push_str(&text[plain..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_value_token_is_printed_with_its_subtype() {
+        let printed = format!("BinData({}, ", crate::token::namespace::VALUE_SUBTYPE);
+        assert_eq!(super::VALUE_IN_TEXT, printed.as_bytes());
+    }
+}
