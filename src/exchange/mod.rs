@@ -209,6 +209,7 @@ impl Exchange {
                 }
             }
             if gate == Gate::Rewrite {
+                tokens::claim(ctx, &dbs, &self.command).await?;
                 if let Message::Msg(m) = self.frame.message() {
                     migration::convert_ahead(ctx, m, &self.command).await?;
                 }

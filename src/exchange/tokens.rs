@@ -55,6 +55,28 @@ pub(super) async fn admit(
     Ok(Gate::Rewrite)
 }
 
+/// Before a command that stores documents is forwarded: a tokenized database
+/// it writes that has no dictionary yet gets one, tokens needed or not
+/// ([`crate::token::store::NameStore::claim`]).
+pub(super) async fn claim(
+    ctx: &ProxyContext,
+    dbs: &[String],
+    command: &str,
+) -> Result<(), ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(());
+    };
+    let stores =
+        || catalogue::lookup(command).is_some_and(|e| e.stores != catalogue::Stores::Nothing);
+    for db in dbs {
+        if !t.store.exists(db) && stores() {
+            let trips = t.store.claim(db).await?.0;
+            ctx.metrics.store_round_trips(trips);
+        }
+    }
+    Ok(())
+}
+
 /// After a `dropDatabase` (whatever its outcome): the database's dictionary
 /// is read again before its next use.
 pub(super) fn dropped(ctx: &ProxyContext, request: &Frame) {

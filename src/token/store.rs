@@ -827,6 +827,30 @@ impl NameStore {
         Ok(RoundTrips(trips))
     }
 
+    /// Makes the dictionary of a database the proxy is about to write for
+    /// the first time, whether or not the documents need tokens: documents
+    /// written without one would later read as predating Laconic, and the
+    /// first name that needs a token would be refused. A database that
+    /// already holds documents is left as it is (allocation refuses it).
+    pub async fn claim(&self, db: &str) -> Result<RoundTrips, StoreError> {
+        let scope = self.inner.policies.scope_of(db);
+        let cell = self.scope(scope);
+        let _one = cell.alloc.lock().await;
+        let mut trips = self.ensure_loaded(db).await?.0;
+        if self.exists(scope) {
+            return Ok(RoundTrips(trips));
+        }
+        trips += 1;
+        if self.has_documents(scope).await? {
+            return Ok(RoundTrips(trips));
+        }
+        self.init(scope, "created").await?;
+        if scope != db {
+            self.raise_mark_in(db, scope);
+        }
+        Ok(RoundTrips(trips + 3))
+    }
+
     /// Makes `scope`'s dictionary, unless the database already holds
     /// documents (which a new dictionary could mislabel).
     async fn create(&self, scope: &str) -> Result<RoundTrips, StoreError> {

@@ -464,3 +464,49 @@ async fn keys_that_predate_laconic_and_look_like_tokens_are_never_read_as_tokens
     common::run_ok(migrate()).await;
     reads(&c, &[doc! {"_id": 1, "plain_name": 2, "odd key": 1}]).await;
 }
+
+/// A database whose first documents, written through the proxy, hold only
+/// names too short to tokenize gets its dictionary with them: a later
+/// document with a long name is stored, not refused as data that predates
+/// Laconic. A database written around the proxy first is still refused.
+#[tokio::test]
+async fn a_database_first_written_without_tokens_takes_long_names_later() {
+    let db = db_name("dict_short", "app");
+    common::direct().await.database(&db).drop().await.unwrap();
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 8;
+    let proxy = common::start(config).await;
+    let c = coll(&proxy, &db).await;
+    c.insert_one(doc! {"_id": 1, "a": 1}).await.unwrap();
+    c.insert_one(doc! {"_id": 2, "a_much_longer_name": 2})
+        .await
+        .unwrap();
+    reads(
+        &c,
+        &[
+            doc! {"_id": 1, "a": 1},
+            doc! {"_id": 2, "a_much_longer_name": 2},
+        ],
+    )
+    .await;
+    let stored = &common::stored(&db, "c").await[1];
+    assert!(!stored.contains_key("a_much_longer_name"), "{stored}");
+    // Written around the proxy first: refused until adopted, as before.
+    let other = db_name("dict_short", "around");
+    let direct = common::direct().await;
+    direct.database(&other).drop().await.unwrap();
+    direct
+        .database(&other)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1, "a": 1})
+        .await
+        .unwrap();
+    let c = coll(&proxy, &other).await;
+    let (code, msg) = code_of(
+        &c.insert_one(doc! {"_id": 2, "a_much_longer_name": 2})
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 301, "{msg}");
+    assert!(msg.contains("holds documents but no dictionary"), "{msg}");
+}
