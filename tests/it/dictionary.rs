@@ -509,4 +509,15 @@ async fn a_database_first_written_without_tokens_takes_long_names_later() {
     );
     assert_eq!(code, 301, "{msg}");
     assert!(msg.contains("holds documents but no dictionary"), "{msg}");
+    // Dropped through the proxy (allowed while refused), it starts afresh.
+    common::via_proxy(&proxy)
+        .await
+        .database(&other)
+        .drop()
+        .await
+        .unwrap();
+    c.insert_one(doc! {"_id": 3, "a_much_longer_name": 3})
+        .await
+        .unwrap();
+    reads(&c, &[doc! {"_id": 3, "a_much_longer_name": 3}]).await;
 }
