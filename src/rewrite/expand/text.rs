@@ -106,12 +106,19 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
             }
         }
         if !in_word && starts_token(b) {
-            // Within quotes, up to the closing one.
-            let end = match quoted {
-                true => memchr::memchr(b'"', &bytes[i..]).map_or(bytes.len(), |n| i + n),
-                false => bytes.len(),
+            // Within quotes, a token may end in a `"` of its own only where
+            // the string goes on as a path or ends right after it;
+            // otherwise it stops before the closing quote.
+            let len = match quoted {
+                false => token_len(&bytes[i..]),
+                true => token_len(&bytes[i..])
+                    .filter(|&len| matches!(bytes.get(i + len), Some(b'"' | b'.')))
+                    .or_else(|| {
+                        let end = memchr::memchr(b'"', &bytes[i..]).map_or(bytes.len(), |n| i + n);
+                        token_len(&bytes[i..end])
+                    }),
             };
-            let found = token_len(&bytes[i..end]).and_then(|len| {
+            let found = len.and_then(|len| {
                 Some((
                     len,
                     names.name(Token::from_bytes(&bytes[i..i + len])?.as_bytes())?,

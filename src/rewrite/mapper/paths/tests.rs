@@ -347,4 +347,31 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
         expand("must differ: \u{2}: \"\u{2}.\u{4}\""),
         format!("must differ: {b2}: \"{b2}.{b4}\"")
     );
+    // A token whose last byte is a quote, in quotes: read where the rest of
+    // a path or the closing quote follows it; a value of its first byte
+    // alone stays.
+    let mut many = Dict::default();
+    let names: Vec<String> = (0..400).map(|i| format!("n{i:03}")).collect();
+    many.add_names(&names);
+    let (name, token) = names
+        .iter()
+        .find_map(|n| {
+            let t = many.token(n)?.as_str().to_owned();
+            (t.len() == 2 && t.ends_with('"')).then_some((n.clone(), t))
+        })
+        .expect("a two-byte token that ends in a quote");
+    let expand = |t: &str| expand::expand_text(t, &many);
+    assert_eq!(
+        expand(&format!("same path: x: \"{token}.y\"")),
+        format!("same path: x: \"{name}.y\"")
+    );
+    assert_eq!(
+        expand(&format!("{{ a: \"{token}\" }}")),
+        format!("{{ a: \"{name}\" }}")
+    );
+    let first = &token[..1];
+    assert_eq!(
+        expand(&format!("{{ a: \"{first}\" }}")),
+        format!("{{ a: \"{first}\" }}")
+    );
 }
