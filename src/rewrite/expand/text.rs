@@ -1,6 +1,6 @@
 //! Names and value tokens inside a server's error text, which the server
-//! wrote from stored keys and values: read where a key starts, and never
-//! inside a string value.
+//! wrote from stored keys, values and the paths the proxy sent: read where
+//! a key starts, and in a quoted string only as a path's tokens.
 
 use crate::token::namespace::{starts_token, token_len, value_number, Token, ESCAPE};
 use crate::token::Names;
