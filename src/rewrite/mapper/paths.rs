@@ -278,7 +278,7 @@ pub fn filter(
 }
 
 /// The value under a path in a filter: an operator document or a literal.
-fn condition(
+pub(super) fn condition(
     v: &Bson,
     scope: &[String],
     policy: &Policy,
@@ -286,7 +286,10 @@ fn condition(
     expr: &dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>,
 ) -> Result<Bson, ProxyError> {
     if policy.is_value_path(scope) {
-        return Ok(value_condition(v, names));
+        // Checked here, where the whole path is known (an `$elemMatch`'s
+        // fields are below the array it matches in).
+        super::query::check_value_condition(&scope.join("."), v)?;
+        return value_condition(v, scope, policy, names, expr);
     }
     Ok(match v {
         Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
@@ -319,9 +322,20 @@ fn condition(
 /// A condition on a value path: strings compared through the dictionary, and
 /// a regular expression matched against the dictionary, becoming `$in` the
 /// matching tokens (and the expression itself, for values never tokenized).
-fn value_condition(v: &Bson, names: &dyn Names) -> Bson {
-    match v {
-        Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
+/// What the path holds besides strings is compared as it is stored: a
+/// document's names as any document's, and an `$elemMatch` of field
+/// conditions is a filter on the documents the array holds.
+fn value_condition(
+    v: &Bson,
+    scope: &[String],
+    policy: &Policy,
+    names: &dyn Names,
+    expr: &dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>,
+) -> Result<Bson, ProxyError> {
+    let literal = |x: &Bson| value_at(x, &mut scope.to_vec(), policy, names);
+    let is_operators = |d: &Document| d.keys().next().is_some_and(|k| k.starts_with('$'));
+    Ok(match v {
+        Bson::Document(d) if is_operators(d) => {
             let mut out = Document::new();
             for (op, operand) in d {
                 match op.as_str() {
@@ -345,11 +359,23 @@ fn value_condition(v: &Bson, names: &dyn Names) -> Bson {
                         }
                     }
                     "$options" => {}
-                    "$not" | "$elemMatch" => {
-                        out.insert(op.clone(), value_condition(operand, names));
+                    "$elemMatch" => {
+                        let rewritten = match operand {
+                            Bson::Document(e) if !e.is_empty() && !is_operators(e) => {
+                                Bson::Document(filter(e, scope, policy, names, expr)?)
+                            }
+                            other => value_condition(other, scope, policy, names, expr)?,
+                        };
+                        out.insert(op.clone(), rewritten);
+                    }
+                    "$not" => {
+                        out.insert(
+                            op.clone(),
+                            value_condition(operand, scope, policy, names, expr)?,
+                        );
                     }
                     _ => {
-                        out.insert(op.clone(), value_literal(operand, names));
+                        out.insert(op.clone(), literal(operand));
                     }
                 }
             }
@@ -359,8 +385,8 @@ fn value_condition(v: &Bson, names: &dyn Names) -> Bson {
             Some(list) => Bson::Document(bson::doc! {"$in": list}),
             None => v.clone(),
         },
-        other => value_literal(other, names),
-    }
+        other => literal(other),
+    })
 }
 
 /// The tokens whose values match, plus the expression for untokenized

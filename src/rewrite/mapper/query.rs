@@ -5,10 +5,9 @@
 use bson::{Bson, Document};
 
 use super::expr::{Use, Vars};
-use super::paths::{key, logical, logical_parts, path, paths_document};
+use super::paths::{key, logical, path, paths_document};
 use super::{each_field, refuse, Mapper};
 use crate::error::ProxyError;
-use crate::token::Policy;
 
 impl Mapper<'_> {
     pub(super) fn checked_filter(
@@ -16,7 +15,7 @@ impl Mapper<'_> {
         f: &Document,
         parent: &[String],
     ) -> Result<Document, ProxyError> {
-        check_filter(f, self.policy)?;
+        check_filter(f)?;
         let stored =
             super::paths::filter(f, parent, self.policy, self.names, &|op, v| match (op, v) {
                 ("$jsonSchema", Bson::Document(schema)) => {
@@ -213,32 +212,28 @@ pub(in crate::rewrite) fn is_flag(v: &Bson) -> bool {
     ) || matches!(v, Bson::Double(x) if *x == 0.0 || *x == 1.0)
 }
 
-/// Filter constructs that cannot be rewritten: JavaScript reads field names;
-/// tokenized values keep no order and are not strings.
-pub(super) fn check_filter(f: &Document, policy: &Policy) -> Result<(), ProxyError> {
+/// Filter constructs that cannot be rewritten: JavaScript reads field names.
+/// (Conditions on value paths are checked where they are rewritten.)
+pub(super) fn check_filter(f: &Document) -> Result<(), ProxyError> {
     for (k, v) in f {
         match (k.as_str(), v) {
             ("$where", _) => return Err(refuse("$where (JavaScript reads field names)")),
             ("$and" | "$or" | "$nor", Bson::Array(a)) => {
                 for sub in a {
                     if let Bson::Document(d) = sub {
-                        check_filter(d, policy)?;
+                        check_filter(d)?;
                     }
                 }
             }
-            (p, v) if is_value_path(policy, p) => check_value_condition(p, v)?,
             _ => {}
         }
     }
     Ok(())
 }
 
-fn is_value_path(policy: &Policy, p: &str) -> bool {
-    let parts: Vec<&str> = logical_parts(p).collect();
-    policy.is_value_path(&parts)
-}
-
-fn check_value_condition(path: &str, v: &Bson) -> Result<(), ProxyError> {
+/// A condition on a value path that cannot be kept correct is refused
+/// (called by the filter's rewrite, which knows the whole path).
+pub(super) fn check_value_condition(path: &str, v: &Bson) -> Result<(), ProxyError> {
     let refuse_value = |what: &str| {
         ProxyError::Unsupported(format!(
             "{what} on the tokenized value path {path} cannot be kept correct: tokenized values keep no order and are not strings"

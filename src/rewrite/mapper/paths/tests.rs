@@ -92,6 +92,56 @@ fn values_at_value_paths_become_value_tokens_and_queries_follow() {
     }
 }
 
+/// A value path may hold documents of the user's too: they are stored as
+/// any document is, so a filter compares them in that form, and an
+/// `$elemMatch` of field conditions on such an array is a filter on them.
+/// A range on a value path is refused wherever it sits.
+#[test]
+fn documents_at_a_value_path_are_matched_as_they_are_stored() {
+    let policy = policy().with_value_paths(&["category".into(), "place.city".into()]);
+    let mut dict = Dict::default();
+    let logical = doc! {"_id": 1, "category": ["books", {"quantity": 68, "label": "x"}]};
+    let stored = store_with(&logical, &mut dict, &policy);
+    let t = |n: &str| {
+        crate::token::Names::token(&dict, n)
+            .unwrap()
+            .as_str()
+            .to_owned()
+    };
+    let books = match &stored.get_array(t("category")).unwrap()[0] {
+        b @ Bson::Binary(_) => b.clone(),
+        other => panic!("{other:?}"),
+    };
+    let f = |f: Document| filter(&f, &[], &policy, &dict, &no_expr).unwrap();
+    assert_eq!(
+        f(doc! {"category": {"$elemMatch": {"quantity": {"$gte": 18}}}}),
+        doc! {t("category"): {"$elemMatch": {t("quantity"): {"$gte": 18}}}}
+    );
+    assert_eq!(
+        f(doc! {"category": {"$elemMatch": {"$eq": "books"}}}),
+        doc! {t("category"): {"$elemMatch": {"$eq": books.clone()}}}
+    );
+    assert_eq!(
+        f(doc! {"category": {"quantity": 68, "label": "x"}}),
+        doc! {t("category"): {t("quantity"): 68, "label": "x"}}
+    );
+    assert_eq!(
+        f(doc! {"category": {"$in": ["books", {"quantity": 68}]}}),
+        doc! {t("category"): {"$in": [books, {t("quantity"): 68}]}}
+    );
+    for refused in [
+        doc! {"category": {"$elemMatch": {"$gt": "a"}}},
+        doc! {"place": {"$elemMatch": {"city": {"$gt": "P"}}}},
+        doc! {"$or": [{"place.city": {"$type": "string"}}]},
+    ] {
+        let e = filter(&refused, &[], &policy, &dict, &no_expr).unwrap_err();
+        assert!(
+            e.to_string().contains("tokenized value path"),
+            "{refused}: {e}"
+        );
+    }
+}
+
 #[test]
 fn documents_shrink_and_expand_back_in_order() {
     let mut dict = Dict::default();
