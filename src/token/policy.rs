@@ -75,6 +75,24 @@ impl Policy {
             .iter()
             .any(|p| parent.len() >= p.len() && p.iter().zip(parent).all(|(a, b)| a == b))
     }
+
+    /// Whether the names of `path`, read from a document at any depth (as
+    /// a `$redact` expression reads them), are stored alike at every depth.
+    /// Three things make a depth differ: `_id` is left as it is at the top
+    /// only (names of 1 to 3 bytes are tokenized elsewhere); below a
+    /// custom-attribute path, names too short for `min_len` are tokenized;
+    /// and a value path holds tokens at its own depth only.
+    pub fn same_at_every_depth(&self, path: &str) -> bool {
+        let parts: Vec<&str> = path.split('.').collect();
+        let short = |p: &str| !p.starts_with('$') && (self.min_len == 0 || p.len() < self.min_len);
+        let id = (1..=3).contains(&self.min_len) && parts.contains(&"_id");
+        let custom = !self.custom_paths.is_empty() && parts.iter().any(|p| short(p));
+        let value = self
+            .value_paths
+            .iter()
+            .any(|v| v.last().map(String::as_str) == parts.last().copied());
+        !(id || custom || value)
+    }
 }
 
 /// The policy of every namespace: a default, overridden per database
@@ -341,5 +359,29 @@ mod tests {
         assert!(!p.tokenizes(&["custom"], "$ref"));
         assert!(p.applies_to("app") && !p.applies_to("admin") && !p.applies_to("laconic"));
         assert!(!Policy::new(0, &[], "laconic").applies_to("app"));
+    }
+
+    #[test]
+    fn a_path_is_stored_alike_at_every_depth_unless_a_depth_treats_it_apart() {
+        // Tokenized by length alone, every name is stored alike at every
+        // depth, but `_id` (left as it is at the top only) under a short
+        // `min_len`.
+        let every = Policy::new(1, &[], "laconic");
+        assert!(every.same_at_every_depth("qty") && every.same_at_every_depth("a.b"));
+        assert!(!every.same_at_every_depth("_id") && !every.same_at_every_depth("a._id"));
+        assert!(Policy::new(4, &[], "laconic").same_at_every_depth("_id"));
+        // Below a custom-attribute path, short names are tokenized too.
+        let custom = Policy::new(4, &["custom".into()], "laconic");
+        assert!(custom.same_at_every_depth("quantity"));
+        assert!(!custom.same_at_every_depth("qty"));
+        assert!(!custom.same_at_every_depth("quantity.n"));
+        assert!(custom.same_at_every_depth("$x"));
+        assert!(!Policy::new(0, &["custom".into()], "laconic").same_at_every_depth("quantity"));
+        // A value path holds tokens at its own depth only.
+        let values = Policy::new(4, &[], "laconic").with_value_paths(&["location.city".into()]);
+        assert!(
+            !values.same_at_every_depth("city") && !values.same_at_every_depth("location.city")
+        );
+        assert!(values.same_at_every_depth("location"));
     }
 }

@@ -58,7 +58,20 @@ impl Mapper<'_> {
             ("$addFields" | "$set", Bson::Document(f)) => Bson::Document(self.add_fields(f)?),
             ("$unset", Bson::String(p)) => Bson::String(self.path(p, &[])),
             ("$unset", Bson::Array(a)) => Bson::Array(self.paths(a)),
-            ("$redact", e) => self.expr(e, &[], &none)?,
+            ("$redact", e) => {
+                // Its expression is evaluated in the document and again in
+                // each embedded document it descends into, with paths read
+                // from there: one rewrite serves every depth only if the
+                // names it reads are stored alike at every depth.
+                let mut paths = Vec::new();
+                relative_paths(e, &mut paths);
+                if let Some(p) = paths.iter().find(|p| !self.policy.same_at_every_depth(p)) {
+                    return Err(refuse(&format!(
+                        "$redact reading `{p}` (it reads it in embedded documents too, where its names are stored otherwise than at the top)"
+                    )));
+                }
+                self.expr(e, &[], &none)?
+            }
             ("$replaceRoot", Bson::Document(r)) => {
                 let mut out = r.clone();
                 if let Some(e) = r.get("newRoot") {
@@ -566,4 +579,36 @@ impl Mapper<'_> {
     }
 
     // === Expressions ===
+}
+
+/// The paths an expression reads relative to the document it is evaluated
+/// in: `$a.b`, `$$CURRENT.a.b`, and the fields `$getField` names (as its
+/// input, the current document, is by default). Conservative: a string that
+/// only looks like a path (in `$literal`, say) counts too.
+fn relative_paths<'e>(e: &'e Bson, out: &mut Vec<&'e str>) {
+    match e {
+        Bson::String(s) => {
+            if let Some(p) = s.strip_prefix("$$CURRENT.") {
+                out.push(p);
+            } else if let Some(p) = s.strip_prefix('$').filter(|p| !p.starts_with('$')) {
+                out.push(p);
+            }
+        }
+        Bson::Array(a) => a.iter().for_each(|v| relative_paths(v, out)),
+        Bson::Document(d) => {
+            for (k, v) in d {
+                match (k.as_str(), v) {
+                    ("$getField", Bson::String(f)) => out.push(f),
+                    ("$getField", Bson::Document(g)) => {
+                        if let Some(Bson::String(f)) = g.get("field") {
+                            out.push(f);
+                        }
+                    }
+                    _ => {}
+                }
+                relative_paths(v, out);
+            }
+        }
+        _ => {}
+    }
 }

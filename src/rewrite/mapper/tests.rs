@@ -277,3 +277,45 @@ fn commands_the_catalogue_does_not_list_are_refused_unless_declared() {
     command(&mut c, "app", &declared, Lookup::of(&dict)).unwrap();
     let _ = Bson::Null;
 }
+
+/// `$redact` reads its paths in every embedded document it descends into:
+/// rewritten when its names are stored alike at every depth, refused when a
+/// depth stores them otherwise (here, a short name below a custom-attribute
+/// path, as `custom.items.qty` holds it).
+#[test]
+fn redact_is_rewritten_only_for_names_stored_alike_at_every_depth() {
+    let redact = |expr: Bson| {
+        cmd(doc! {"aggregate": "c", "$db": "app", "cursor": {},
+        "pipeline": [{"$redact": expr}]})
+    };
+    let by_length = Policies::new(Policy::new(4, &[], "laconic"));
+    let custom = Policies::new(Policy::new(4, &["custom".into()], "laconic"));
+    let mut dict = Dictionary::default();
+    dict.add_names(&["quantity".to_owned()]);
+    let quantity = crate::token::Names::token(&dict, "quantity")
+        .unwrap()
+        .as_str()
+        .to_owned();
+    let on = |path: &str| Bson::from(doc! {"$cond": [{"$eq": [path, 1]}, "$$PRUNE", "$$DESCEND"]});
+    let mut c = redact(on("$quantity"));
+    command(&mut c, "app", &custom, Lookup::of(&dict)).unwrap();
+    let stage = &c.body.get_array("pipeline").unwrap()[0];
+    assert_eq!(
+        stage.as_document().unwrap().get("$redact").unwrap(),
+        &on(&format!("${quantity}"))
+    );
+    for path in ["$qty", "$$CURRENT.qty", "$quantity.n"] {
+        let mut c = redact(on(path));
+        let e = command(&mut c, "app", &custom, Lookup::of(&dict)).unwrap_err();
+        assert!(e.to_string().contains("$redact reading"), "{path}: {e}");
+        let mut c = redact(on(path));
+        command(&mut c, "app", &by_length, Lookup::of(&dict)).unwrap();
+    }
+    let mut c = redact(Bson::from(
+        doc! {"$cond": [{"$eq": [{"$getField": "qty"}, 1]}, "$$PRUNE", "$$DESCEND"]},
+    ));
+    assert!(command(&mut c, "app", &custom, Lookup::of(&dict)).is_err());
+    // Read from the top document alone: any name.
+    let mut c = redact(on("$$ROOT.qty"));
+    command(&mut c, "app", &custom, Lookup::of(&dict)).unwrap();
+}
