@@ -17,12 +17,15 @@ pub enum Slot {
     Documents(&'static str),
     /// One document to store.
     Document(&'static str),
-    /// A write: the filter of the documents it changes, and the change (an
-    /// operator document, a replacement or a pipeline); an upsert also
-    /// stores its filter's equalities.
+    /// A write: the filter of the documents it changes, the change (an
+    /// operator document, a replacement or a pipeline), and the
+    /// `arrayFilters` whose conditions apply to the elements of the arrays
+    /// the change names before each `$[<id>]`; an upsert also stores its
+    /// filter's equalities.
     Update {
         filter: &'static str,
         update: &'static str,
+        array_filters: &'static str,
     },
     /// A find projection.
     Projection(&'static str),
@@ -39,8 +42,6 @@ pub enum Slot {
     Pipeline(&'static str),
     /// `let` variables: their values are expressions.
     Let(&'static str),
-    /// `arrayFilters`.
-    ArrayFilters(&'static str),
     /// An array of sub-documents, each with these slots.
     Each(&'static str, &'static [Slot]),
     /// A sub-document with these slots.
@@ -126,8 +127,8 @@ const UPDATE: &[Slot] = &[
     Update {
         filter: "q",
         update: "u",
+        array_filters: "arrayFilters",
     },
-    ArrayFilters("arrayFilters"),
     Hint("hint"),
     Sort("sort"),
 ];
@@ -191,11 +192,11 @@ pub static CATALOGUE: &[Entry] = &[
                 Update {
                     filter: "query",
                     update: "update",
+                    array_filters: "arrayFilters",
                 },
                 Sort("sort"),
                 Projection("fields"),
                 Hint("hint"),
-                ArrayFilters("arrayFilters"),
             ],
         )
     },
@@ -339,8 +340,8 @@ pub fn bulk_op_slots(kind: &str) -> &'static [Slot] {
             Update {
                 filter: "filter",
                 update: "updateMods",
+                array_filters: "arrayFilters",
             },
-            ArrayFilters("arrayFilters"),
             Hint("hint"),
             Sort("sort"),
         ],

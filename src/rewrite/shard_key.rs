@@ -202,7 +202,7 @@ fn slots(rule: &Rule, list: &[Slot], body: &mut Document) -> Result<(), ProxyErr
                     document(rule, d);
                 }
             }
-            Slot::Update { filter, update } => {
+            Slot::Update { filter, update, .. } => {
                 let upsert = body.get_bool("upsert").unwrap_or(false);
                 write_op(rule, body, filter, update, upsert)?;
             }

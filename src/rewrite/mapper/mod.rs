@@ -188,7 +188,11 @@ impl<'a> Mapper<'a> {
                         body.insert(k, d);
                     }
                 }
-                Slot::Update { filter, update } => self.write_op(body, filter, update)?,
+                Slot::Update {
+                    filter,
+                    update,
+                    array_filters,
+                } => self.write_op(body, filter, update, array_filters)?,
                 Slot::Projection(k) => self.projection_at(body, k)?,
                 Slot::Sort(k) => self.sort_at(body, k)?,
                 Slot::Hint(k) | Slot::Keys(k) => self.paths_at(body, k),
@@ -204,7 +208,6 @@ impl<'a> Mapper<'a> {
                         body.insert(k, v);
                     }
                 }
-                Slot::ArrayFilters(k) => self.array_filters(body, k),
                 Slot::Each(k, inner) => self.each(body, k, |m, d| m.slots(inner, d))?,
                 Slot::Within(k, inner) => {
                     if let Ok(d) = body.get_document_mut(k) {
@@ -339,7 +342,7 @@ impl Mapper<'_> {
     ) -> Result<(), ProxyError> {
         for slot in slots {
             match *slot {
-                Slot::Update { filter, update } if is_partial(body.get(update)) => {
+                Slot::Update { filter, update, .. } if is_partial(body.get(update)) => {
                     let f = body.get_document(filter).cloned().unwrap_or_default();
                     out.push(self.checked_filter(&f, &[])?);
                 }

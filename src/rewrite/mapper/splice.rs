@@ -117,7 +117,7 @@ impl Splice<'_> {
                     let names = if upsert { self.store } else { self.read };
                     self.filter(e.value, names, out, depth)?;
                 }
-                (Some(Slot::Update { .. }), 0x03) => {
+                (Some(Slot::Update { update, .. }), 0x03) if e.key == update.as_bytes() => {
                     header(out, e.kind, e.key);
                     self.update(e.value, out, depth)?;
                 }
@@ -315,7 +315,13 @@ impl Splice<'_> {
 /// The slot a field fills, by its key (an update's two keys included).
 fn slot_for<'s>(slots: &'s [Slot], key: &[u8]) -> Option<&'s Slot> {
     slots.iter().find(|slot| match slot {
-        Slot::Update { filter, update } => filter.as_bytes() == key || update.as_bytes() == key,
+        Slot::Update {
+            filter,
+            update,
+            array_filters,
+        } => [filter, update, array_filters]
+            .iter()
+            .any(|k| k.as_bytes() == key),
         Slot::Filter(k)
         | Slot::Documents(k)
         | Slot::Document(k)
@@ -326,7 +332,6 @@ fn slot_for<'s>(slots: &'s [Slot], key: &[u8]) -> Option<&'s Slot> {
         | Slot::Path(k)
         | Slot::Pipeline(k)
         | Slot::Let(k)
-        | Slot::ArrayFilters(k)
         | Slot::Each(k, _)
         | Slot::Within(k, _)
         | Slot::Explain(k) => k.as_bytes() == key,

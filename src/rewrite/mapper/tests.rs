@@ -134,10 +134,18 @@ fn sample(slots: &[Slot], n: &mut usize, names: &mut Vec<(String, bool)>) -> Doc
             Slot::Document(k) => {
                 d.insert(k, doc! {next_name(n, true, names): 1});
             }
-            Slot::Update { filter, update } => {
+            Slot::Update {
+                filter,
+                update,
+                array_filters,
+            } => {
                 d.insert(filter, doc! {next_name(n, true, names): 1});
                 d.insert(update, doc! {"$set": {next_name(n, true, names): 1}});
                 d.insert("upsert", true);
+                d.insert(
+                    array_filters,
+                    vec![doc! {format!("elem.{}", next_name(n, false, names)): 1}],
+                );
             }
             Slot::Projection(k) | Slot::Sort(k) | Slot::Hint(k) | Slot::Keys(k) => {
                 d.insert(k, doc! {next_name(n, false, names): 1});
@@ -150,12 +158,6 @@ fn sample(slots: &[Slot], n: &mut usize, names: &mut Vec<(String, bool)>) -> Doc
             }
             Slot::Let(k) => {
                 d.insert(k, doc! {"v": format!("${}", next_name(n, false, names))});
-            }
-            Slot::ArrayFilters(k) => {
-                d.insert(
-                    k,
-                    vec![doc! {format!("elem.{}", next_name(n, false, names)): 1}],
-                );
             }
             Slot::Each(k, inner) => {
                 d.insert(k, vec![sample(inner, n, names)]);
@@ -318,4 +320,89 @@ fn redact_is_rewritten_only_for_names_stored_alike_at_every_depth() {
     // Read from the top document alone: any name.
     let mut c = redact(on("$$ROOT.qty"));
     command(&mut c, "app", &custom, Lookup::of(&dict)).unwrap();
+}
+
+/// An update's conditions on array elements (`$pull`'s, and the
+/// `arrayFilters` bound to `$[<id>]`) are rewritten as a filter on the
+/// elements of that array: on a value path they compare value tokens,
+/// below a custom-attribute path short names are tokenized, and literal
+/// documents are in their stored form. `$push`'s `$sort` by value tokens is
+/// refused.
+#[test]
+fn conditions_on_array_elements_are_read_where_the_array_is() {
+    let policies = Policies::new(
+        Policy::new(6, &["custom".into()], "laconic").with_value_paths(&["category".into()]),
+    );
+    let mut dict = Dictionary::default();
+    dict.add_names(&[
+        "category".to_owned(),
+        "custom".to_owned(),
+        "qty".to_owned(),
+        "quantity".to_owned(),
+    ]);
+    dict.add_values(&["music".to_owned()]);
+    let names = |n: &str| {
+        crate::token::Names::token(&dict, n)
+            .unwrap()
+            .as_str()
+            .to_owned()
+    };
+    let music = crate::rewrite::mapper::paths::value_literal(&Bson::from("music"), &dict);
+    let update = |u: Document, filters: Vec<Document>| {
+        cmd(doc! {"update": "c", "$db": "app",
+        "updates": [{"q": {}, "u": u, "arrayFilters": filters}]})
+    };
+    let rewritten = |c: &mut Command| {
+        command(c, "app", &policies, Lookup::of(&dict))?;
+        Ok::<_, ProxyError>(
+            c.body.get_array("updates").unwrap()[0]
+                .as_document()
+                .unwrap()
+                .clone(),
+        )
+    };
+
+    let mut c = update(doc! {"$pull": {"category": {"$in": ["music"]}}}, vec![]);
+    let op = rewritten(&mut c).unwrap();
+    assert_eq!(
+        op.get_document("u").unwrap(),
+        &doc! {"$pull": {names("category"): {"$in": [music.clone()]}}}
+    );
+    let mut c = update(doc! {"$pull": {"category": {"$eq": "music"}}}, vec![]);
+    let op = rewritten(&mut c).unwrap();
+    assert_eq!(
+        op.get_document("u").unwrap(),
+        &doc! {"$pull": {names("category"): {"$eq": music.clone()}}}
+    );
+
+    let mut c = update(
+        doc! {"$set": {"category.$[e]": "rock", "custom.list.$[i].qty": 1}},
+        vec![
+            doc! {"e": "music"},
+            doc! {"i.qty": {"$gte": 2}, "i": {"quantity": 1}},
+        ],
+    );
+    let op = rewritten(&mut c).unwrap();
+    assert_eq!(
+        op.get_array("arrayFilters").unwrap(),
+        &vec![
+            Bson::from(doc! {"e": music}),
+            Bson::from(doc! {
+                format!("i.{}", names("qty")): {"$gte": 2},
+                "i": {names("quantity"): 1},
+            }),
+        ]
+    );
+
+    for refused in [
+        doc! {"$push": {"category": {"$each": ["a"], "$sort": 1}}},
+        doc! {"$pull": {"category": {"$gt": "m"}}},
+    ] {
+        let mut c = update(refused.clone(), vec![]);
+        let e = rewritten(&mut c).unwrap_err();
+        assert!(
+            e.to_string().contains("tokenized value path"),
+            "{refused}: {e}"
+        );
+    }
 }

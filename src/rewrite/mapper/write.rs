@@ -35,18 +35,21 @@ impl Mapper<'_> {
         }
     }
 
-    /// A write's filter and change. The change's names are stored; so are
-    /// an upsert's filter's (it seeds the new document).
+    /// A write's filter, change and `arrayFilters`. The change's names are
+    /// stored; so are an upsert's filter's (it seeds the new document).
     pub(super) fn write_op(
         &self,
         op: &mut Document,
         filter_key: &str,
         update_key: &str,
+        array_filters_key: &str,
     ) -> Result<(), ProxyError> {
         let upsert = op.get_bool("upsert").unwrap_or(false);
         let stores = self.storing();
         let filter = if upsert { &stores } else { self };
         filter.update_filter_at(op, filter_key, update_key)?;
+        // Read against the change's paths as the client wrote them.
+        self.array_filters(op, array_filters_key, update_key)?;
         stores.update(op, update_key)
     }
 
@@ -74,6 +77,9 @@ impl Mapper<'_> {
                     let mut f = Document::new();
                     for (p, v) in fields {
                         let scope: Vec<String> = logical_parts(p).map(str::to_owned).collect();
+                        if let ("$push", Bson::Document(modifiers)) = (op.as_str(), v) {
+                            self.check_push_sort(p, &scope, modifiers.get("$sort"))?;
+                        }
                         let v = match (op.as_str(), v) {
                             ("$rename", Bson::String(to)) => {
                                 Bson::String(path(to, &[], self.policy, self.names))
@@ -81,6 +87,15 @@ impl Mapper<'_> {
                             ("$unset" | "$inc" | "$mul" | "$currentDate" | "$pop" | "$bit", v) => {
                                 v.clone()
                             }
+                            // A condition on the array's elements, as a
+                            // filter's on the array would be.
+                            ("$pull", v) => super::paths::condition(
+                                v,
+                                &scope,
+                                self.policy,
+                                self.names,
+                                &|_, v| Ok(v.clone()),
+                            )?,
                             (_, v) if self.policy.is_value_path(&scope) => super::paths::value_at(
                                 v,
                                 &mut scope.clone(),
@@ -124,26 +139,128 @@ impl Mapper<'_> {
         Ok(())
     }
 
-    /// arrayFilters: `<id>` stays; the path after it is tokenized by name.
-    pub(super) fn array_filters(&self, parent: &mut Document, key: &str) {
-        let Ok(filters) = parent.get_array_mut(key) else {
-            return;
+    /// `$push`'s `$sort` orders the array by stored values: refused where
+    /// they are value tokens (the array's own values, or a field of its
+    /// documents that is a value path).
+    fn check_push_sort(
+        &self,
+        p: &str,
+        scope: &[String],
+        sort: Option<&Bson>,
+    ) -> Result<(), ProxyError> {
+        let sorted = match sort {
+            Some(Bson::Document(by)) => by
+                .keys()
+                .map(|k| super::paths::logical(scope, k))
+                .find(|path| self.policy.is_value_path(path)),
+            Some(_) => Some(scope.to_vec()).filter(|s| self.policy.is_value_path(s)),
+            None => None,
         };
-        for f in filters.iter_mut() {
-            let Bson::Document(d) = f else { continue };
-            let mut out = Document::new();
-            for (k, v) in d.iter() {
-                let k = match k.split_once('.') {
-                    Some((id, rest)) => {
-                        format!("{id}.{}", path(rest, &[], self.policy, self.names))
-                    }
-                    None => k.clone(),
-                };
-                out.insert(k, v.clone());
-            }
-            *d = out;
+        match sorted {
+            Some(path) => Err(ProxyError::Unsupported(format!(
+                "$push with $sort on {p} by the tokenized value path {} cannot be kept correct: tokenized values keep no order",
+                path.join(".")
+            ))),
+            None => Ok(()),
         }
     }
+
+    /// arrayFilters: each condition on `<id>` (or on `<id>.<path>`) applies
+    /// to the elements of the array the change names before `$[<id>]`, so
+    /// it is rewritten as a filter on that array's elements would be: below
+    /// a custom-attribute path, on a value path, with literal documents in
+    /// their stored form. An identifier the change does not name is read
+    /// from the top (the server refuses it).
+    fn array_filters(
+        &self,
+        op: &mut Document,
+        key: &str,
+        update_key: &str,
+    ) -> Result<(), ProxyError> {
+        let scopes = identifier_scopes(op.get(update_key));
+        let Ok(filters) = op.get_array_mut(key) else {
+            return Ok(());
+        };
+        for f in filters.iter_mut() {
+            if let Bson::Document(d) = f {
+                *d = self.array_filter(d, &scopes)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn array_filter(
+        &self,
+        d: &Document,
+        scopes: &[(String, Vec<String>)],
+    ) -> Result<Document, ProxyError> {
+        let mut out = Document::new();
+        for (k, v) in d {
+            match (k.as_str(), v) {
+                ("$and" | "$or" | "$nor", Bson::Array(subs)) => {
+                    let subs = subs
+                        .iter()
+                        .map(|s| match s {
+                            Bson::Document(s) => self.array_filter(s, scopes).map(Bson::Document),
+                            other => Ok(other.clone()),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    out.insert(k.clone(), subs);
+                }
+                (k, _) if k.starts_with('$') => {
+                    out.insert(k.to_owned(), v.clone());
+                }
+                (k, v) => {
+                    let (id, rest) = k.split_once('.').map_or((k, None), |(i, r)| (i, Some(r)));
+                    let array = scopes
+                        .iter()
+                        .find(|(bound, _)| bound == id)
+                        .map_or(&[][..], |(_, s)| s.as_slice());
+                    let (key, scope) = match rest {
+                        Some(rest) => (
+                            format!("{id}.{}", path(rest, array, self.policy, self.names)),
+                            super::paths::logical(array, rest),
+                        ),
+                        None => (id.to_owned(), array.to_vec()),
+                    };
+                    let condition =
+                        super::paths::condition(v, &scope, self.policy, self.names, &|_, v| {
+                            Ok(v.clone())
+                        })?;
+                    out.insert(key, condition);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The identifiers `$[<id>]` of an operator update, each with the logical
+/// path of the array it stands in (the first place it appears).
+fn identifier_scopes(update: Option<&Bson>) -> Vec<(String, Vec<String>)> {
+    let mut scopes: Vec<(String, Vec<String>)> = Vec::new();
+    let Some(Bson::Document(u)) = update else {
+        return scopes;
+    };
+    for fields in u.values() {
+        let Bson::Document(fields) = fields else {
+            continue;
+        };
+        for p in fields.keys() {
+            let mut array = Vec::new();
+            for c in p.split('.') {
+                match c.strip_prefix("$[").and_then(|c| c.strip_suffix(']')) {
+                    Some(id) if !id.is_empty() => {
+                        if !scopes.iter().any(|(bound, _)| bound == id) {
+                            scopes.push((id.to_owned(), array.clone()));
+                        }
+                    }
+                    _ => array.extend(super::paths::logical_parts(c).map(str::to_owned)),
+                }
+            }
+        }
+    }
+    scopes
 }
 
 /// The stages an update pipeline may hold.
