@@ -1,6 +1,7 @@
 //! Names and value tokens inside a server's error text, which the server
 //! wrote from stored keys, values and the paths the proxy sent: read where
-//! a key starts, and in a quoted string only as a path's tokens.
+//! a key starts, and in a quoted string only as a path's tokens (in a
+//! printed document, only in a field path's).
 
 use crate::token::namespace::{starts_token, token_len, value_number, Token, ESCAPE};
 use crate::token::Names;
@@ -58,11 +59,14 @@ fn print_string(s: &str, out: &mut String) {
 /// not name.
 ///
 /// Inside double quotes the server prints a string value: the user's, or a
-/// path the proxy wrote (a `$rename` target). A token is read there, but
-/// not past the closing quote, and an escape byte stays: a value's own
-/// control bytes are left as they are, unless one spells a whole token the
-/// dictionary knows (a value beginning with a control character, in an
-/// error about it, then reads as that name: the one guess left).
+/// path the proxy wrote (a `$rename` target). In a document it prints
+/// (`{ a: "…" }`, between braces), a string is a value of that document,
+/// and is read only as a field path (`"$<token>…"`, an expression's).
+/// Elsewhere a token is read in it, but not past the closing quote, and an
+/// escape byte stays: a value's own control bytes are left as they are,
+/// unless one spells a whole token the dictionary knows (a value beginning
+/// with a control character, in an error printing it outside a document,
+/// then reads as that name: the one guess left).
 ///
 /// A key starts a path component, so a token or an escape is read only
 /// where a word starts: not right after a letter, a digit, `_`, a non-ASCII
@@ -81,10 +85,21 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
     let mut in_word = false;
     // Whether `i` is inside double quotes, where the server prints a string.
     let mut quoted = false;
+    // How many printed documents `i` is in (braces outside quotes).
+    let mut depth = 0usize;
+    // Whether tokens are read in the quoted string `i` is in.
+    let mut read_quoted = true;
     while i < bytes.len() {
         let b = bytes[i];
         if b == b'"' {
             quoted = !quoted;
+            read_quoted = depth == 0 || bytes.get(i + 1) == Some(&b'$');
+        } else if !quoted && (b == b'{' || b == b'}') {
+            depth = if b == b'{' {
+                depth + 1
+            } else {
+                depth.saturating_sub(1)
+            };
         } else if !in_word && !quoted {
             if b == ESCAPE {
                 out.push_str(&text[plain..i]);
@@ -105,7 +120,7 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
                 }
             }
         }
-        if !in_word && starts_token(b) {
+        if !in_word && starts_token(b) && (!quoted || read_quoted) {
             // Within quotes, a token may end in a `"` of its own only where
             // the string goes on as a path or ends right after it;
             // otherwise it stops before the closing quote.

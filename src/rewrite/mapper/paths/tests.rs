@@ -397,6 +397,16 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
         expand("must differ: \u{2}: \"\u{2}.\u{4}\""),
         format!("must differ: {b2}: \"{b2}.{b4}\"")
     );
+    // In a printed document, a quoted string is the document's value, even
+    // one spelling a token (`"\u{2}"`), unless it is a field path.
+    assert_eq!(
+        expand("in element {b: [ { \u{2}: \"\u{2}\" } ]} and \"\u{2}\""),
+        format!("in element {{b: [ {{ {b2}: \"\u{2}\" }} ]}} and \"{b2}\"")
+    );
+    assert_eq!(
+        expand("{ $concat: [ \"$\u{2}.\u{4}\", \"\u{4}\" ] }"),
+        format!("{{ $concat: [ \"${b2}.{b4}\", \"\u{4}\" ] }}")
+    );
     // A token whose last byte is a quote, in quotes: read where the rest of
     // a path or the closing quote follows it; a value of its first byte
     // alone stays.
@@ -416,12 +426,12 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
         format!("same path: x: \"{name}.y\"")
     );
     assert_eq!(
-        expand(&format!("{{ a: \"{token}\" }}")),
-        format!("{{ a: \"{name}\" }}")
+        expand(&format!("x: \"{token}\" }}")),
+        format!("x: \"{name}\" }}")
     );
     let first = &token[..1];
     assert_eq!(
-        expand(&format!("{{ a: \"{first}\" }}")),
-        format!("{{ a: \"{first}\" }}")
+        expand(&format!("x: \"{first}\" }}")),
+        format!("x: \"{first}\" }}")
     );
 }
