@@ -337,6 +337,7 @@ fn conditions_on_array_elements_are_read_where_the_array_is() {
     dict.add_names(&[
         "category".to_owned(),
         "custom".to_owned(),
+        "history".to_owned(),
         "qty".to_owned(),
         "quantity".to_owned(),
     ]);
@@ -392,6 +393,20 @@ fn conditions_on_array_elements_are_read_where_the_array_is() {
                 "i": {names("quantity"): 1},
             }),
         ]
+    );
+
+    // `$push`'s `$sort` keys are paths in the array's elements.
+    let mut c = update(
+        doc! {"$push": {"history": {"$each": [{"quantity": 1}], "$sort": {"quantity": 1, "custom.qty": -1}}}},
+        vec![],
+    );
+    let op = rewritten(&mut c).unwrap();
+    assert_eq!(
+        op.get_document("u").unwrap(),
+        &doc! {"$push": {names("history"): {
+            "$each": [{names("quantity"): 1}],
+            "$sort": {names("quantity"): 1, format!("{}.qty", names("custom")): -1},
+        }}}
     );
 
     for refused in [

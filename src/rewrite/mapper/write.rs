@@ -77,9 +77,6 @@ impl Mapper<'_> {
                     let mut f = Document::new();
                     for (p, v) in fields {
                         let scope: Vec<String> = logical_parts(p).map(str::to_owned).collect();
-                        if let ("$push", Bson::Document(modifiers)) = (op.as_str(), v) {
-                            self.check_push_sort(p, &scope, modifiers.get("$sort"))?;
-                        }
                         let v = match (op.as_str(), v) {
                             ("$rename", Bson::String(to)) => {
                                 Bson::String(path(to, &[], self.policy, self.names))
@@ -89,6 +86,9 @@ impl Mapper<'_> {
                             }
                             // A condition on the array's elements, as a
                             // filter's on the array would be.
+                            ("$push", Bson::Document(m)) if m.contains_key("$each") => {
+                                Bson::Document(self.push_modifiers(p, &scope, m)?)
+                            }
                             ("$pull", v) => super::paths::condition(
                                 v,
                                 &scope,
@@ -137,6 +137,35 @@ impl Mapper<'_> {
         };
         parent.insert(key.to_owned(), new);
         Ok(())
+    }
+
+    /// `$push` with modifiers: the elements of `$each` are stored as the
+    /// array's values are, and `$sort`'s keys are paths in its elements.
+    fn push_modifiers(
+        &self,
+        p: &str,
+        scope: &[String],
+        m: &Document,
+    ) -> Result<Document, ProxyError> {
+        self.check_push_sort(p, scope, m.get("$sort"))?;
+        let mut out = Document::new();
+        for (k, v) in m {
+            let v = match (k.as_str(), v) {
+                ("$each", v) if self.policy.is_value_path(scope) => {
+                    super::paths::value_at(v, &mut scope.to_vec(), self.policy, self.names)
+                }
+                ("$each", v) => literal(v, scope, self.policy, self.names),
+                ("$sort", Bson::Document(by)) => Bson::Document(super::paths::paths_document(
+                    by,
+                    scope,
+                    self.policy,
+                    self.names,
+                )),
+                _ => v.clone(),
+            };
+            out.insert(k.clone(), v);
+        }
+        Ok(out)
     }
 
     /// `$push`'s `$sort` orders the array by stored values: refused where
