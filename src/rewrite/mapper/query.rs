@@ -58,8 +58,20 @@ impl Mapper<'_> {
             ),
             other => other.clone(),
         };
+        // At a value path, strings are stored as value tokens (binData): a
+        // keyword that reads a string's type or text cannot be kept.
+        let value_path = self.policy.is_value_path(parent);
         let out = each_field(schema, |k, v| {
             Ok(match (k, v) {
+                ("bsonType" | "type", t) if value_path && names_string_type(t) => {
+                    return Err(value_schema(k, parent))
+                }
+                ("minLength" | "maxLength" | "pattern", _) if value_path => {
+                    return Err(value_schema(k, parent))
+                }
+                ("enum", v) if value_path => {
+                    super::paths::value_at(v, &mut parent.to_vec(), self.policy, self.names)
+                }
                 ("patternProperties", _) => {
                     return Err(refuse(
                         "$jsonSchema patternProperties (a regular expression over field names)",
@@ -203,6 +215,23 @@ impl Mapper<'_> {
         }
         Ok(out)
     }
+}
+
+/// Whether a `$jsonSchema` type keyword admits strings or binary values,
+/// which a value path stores as one another.
+fn names_string_type(t: &Bson) -> bool {
+    match t {
+        Bson::String(t) => matches!(t.as_str(), "string" | "binData"),
+        Bson::Array(a) => a.iter().any(names_string_type),
+        _ => false,
+    }
+}
+
+fn value_schema(keyword: &str, path: &[String]) -> ProxyError {
+    ProxyError::Unsupported(format!(
+        "$jsonSchema {keyword} on the tokenized value path {} cannot be kept correct: tokenized values are not strings",
+        path.join(".")
+    ))
 }
 
 pub(in crate::rewrite) fn is_flag(v: &Bson) -> bool {

@@ -421,3 +421,40 @@ fn conditions_on_array_elements_are_read_where_the_array_is() {
         );
     }
 }
+
+/// `$jsonSchema` at a value path: a string is stored there as a value
+/// token, so a keyword reading a string's type or text is refused, and
+/// `enum` compares value tokens; other types are kept as they are.
+#[test]
+fn a_json_schema_at_a_value_path_reads_what_is_stored() {
+    let policies = Policies::new(Policy::new(4, &[], "laconic").with_value_paths(&["tags".into()]));
+    let mut dict = Dictionary::default();
+    dict.add_names(&["tags".to_owned()]);
+    dict.add_values(&["rock".to_owned()]);
+    let tags = crate::token::Names::token(&dict, "tags")
+        .unwrap()
+        .as_str()
+        .to_owned();
+    let rock = crate::rewrite::mapper::paths::value_literal(&Bson::from("rock"), &dict);
+    let find =
+        |schema: Document| cmd(doc! {"find": "c", "$db": "app", "filter": {"$jsonSchema": schema}});
+    let mut c =
+        find(doc! {"properties": {"tags": {"bsonType": "array", "items": {"enum": ["rock", 1]}}}});
+    command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap();
+    assert_eq!(
+        c.body.get_document("filter").unwrap(),
+        &doc! {"$jsonSchema": {"properties": {&tags: {"bsonType": "array", "items": {"enum": [rock, 1]}}}}}
+    );
+    for refused in [
+        doc! {"properties": {"tags": {"bsonType": "array", "items": {"bsonType": "string"}}}},
+        doc! {"properties": {"tags": {"bsonType": ["string", "null"]}}},
+        doc! {"properties": {"tags": {"items": {"maxLength": 3}}}},
+    ] {
+        let mut c = find(refused.clone());
+        let e = command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap_err();
+        assert!(
+            e.to_string().contains("tokenized value path tags"),
+            "{refused}: {e}"
+        );
+    }
+}
