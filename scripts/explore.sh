@@ -44,7 +44,7 @@ failed=0
 for seed in $(seq 1 "$seeds"); do
   for i in 0 1; do
     out=$(.upstream/venv/bin/python tests/py/random_differential.py \
-      "mongodb://${addrs[$i]}/?retryWrites=false" "$direct" "explore_${i}_$seed" "$seed" "$ops" 2>&1) || true
+      "mongodb://${addrs[$i]}/?retryWrites=false" "$direct" "explore_${i}_$seed" "$seed" "$ops" wide 2>&1) || true
     echo "$out" | grep -v "^refused" | sed "s/^/[${addrs[$i]}] /"
     echo "$out" | grep -q " 0 mismatches, .*final state same" || failed=1
   done

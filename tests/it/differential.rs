@@ -217,7 +217,7 @@ async fn random_operations(
         command
             .arg(common::root().join("tests/py/random_differential.py"))
             .args([&via, &direct, &format!("{prefix}{seed}")])
-            .args([seed.to_string(), "300".to_owned()]);
+            .args([seed.to_string(), "300".to_owned(), "wide".to_owned()]);
         let out = common::run_ok(command).await;
         assert!(
             out.contains(&format!("seed {seed}: 300 ops, 0 mismatches"))
@@ -229,8 +229,9 @@ async fn random_operations(
 
 /// 900 random operations (nested documents, names long, short, non-ASCII
 /// and beginning with control characters; filters, projections, sorts,
-/// updates, pipelines, indexes, bulk writes) through a proxy tokenizing
-/// every name: replies, errors and documents as on the twin.
+/// updates with array filters, pipelines with variables, `$graphLookup`,
+/// `$redact`, `$out` and `$merge`, indexes, bulk writes) through a proxy
+/// tokenizing every name: replies, errors and documents as on the twin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_operations_on_every_name_read_as_on_the_twin() {
     let mut config = common::proxy_config(&common::upstream().uri);

@@ -3,14 +3,19 @@ on an untokenized twin database: every reply (documents with their key
 order, counts, error codes and texts) and, after every write, the whole
 collection must be the same on both sides.
 
-usage: random_differential.py PROXY_URI DIRECT_URI DB_PREFIX SEED OPS
+usage: random_differential.py PROXY_URI DIRECT_URI DB_PREFIX SEED OPS [wide]
 
 The operations are drawn from SEED: inserts of nested documents whose
 names include long ones, short ones, non-ASCII ones and ones beginning
 with a control character; finds with filters, projections and sorts;
 updates with every common operator, upserts and array filters; pipelines;
 findAndModify; distinct; counts; bulk writes; indexes (unique ones, whose
-duplicate key errors name fields).
+duplicate key errors name fields). With `wide`, also: expressions with
+variables (`$map`, `$filter`, `$reduce`, `$let`, `$cond`, `$switch`),
+keys made from data (`$arrayToObject`), `$graphLookup`, `$unionWith`,
+`$setWindowFields`, `$redact`, `$sortArray`, `$top`, `$out` and `$merge`
+(whose target collection is compared too), positional and all-positional
+updates, replacements, and compound, partial and wildcard indexes.
 
 What the proxy refuses by design (an error starting "laconic:") is counted,
 and a write it refused is then undone on the twin. Three differences are
@@ -31,6 +36,7 @@ from bson import SON
 from bson.codec_options import CodecOptions
 
 proxy_uri, direct_uri, prefix, seed, n = sys.argv[1:6]
+WIDE = sys.argv[6:7] == ["wide"]
 seed, n = int(seed), int(n)
 R = random.Random(seed)
 OPTS = CodecOptions(document_class=SON)
@@ -122,9 +128,11 @@ def filt():
 
 
 def projection():
-    k = R.randrange(5)
+    k = R.randrange(6 if WIDE else 5)
     if k == 0:
         return None
+    if k == 5:  # positional: the first array element the filter matched
+        return {R.choice(NAMES) + ".$": 1}
     if k == 1:
         return {path(): 1 for _ in range(R.randrange(1, 3))}
     if k == 2:
@@ -136,8 +144,10 @@ def projection():
 
 
 def update():
-    k = R.randrange(16)
+    k = R.randrange(26 if WIDE else 16)
     p = path()
+    if k >= 16:
+        return wide_update(k - 16, p)
     if k == 0:
         return {"$set": {p: value(1)}}
     if k == 1:
@@ -174,7 +184,7 @@ def update():
 def pipeline():
     stages = []
     for _ in range(R.randrange(1, 4)):
-        k = R.randrange(18)
+        k = R.randrange(34 if WIDE else 18)
         if k == 0:
             stages.append({"$match": filt()})
         elif k == 1:
@@ -217,13 +227,92 @@ def pipeline():
         elif k == 16:
             stages.append({"$match": {"$jsonSchema": {"required": [R.choice(NAMES)],
                                                       "properties": {R.choice(NAMES): {"bsonType": "string"}}}}})
+        elif k >= 18:
+            stages.append(wide_stage(k - 18))
         else:
             stages.append({"$sort": {"_id": -1}})
     return stages
 
 
+def wide_update(k, p):
+    n = R.choice(NAMES)
+    if k == 0:  # the element the filter matched: needs an array in the filter
+        return {"$set": {n + ".$." + R.choice(NAMES): value(2)}}
+    if k == 1:
+        return {"$inc": {n + ".$[]." + R.choice(NAMES): 1}}
+    if k == 2:
+        return {"$max": {p: R.randrange(30)}, "$bit": {path(): {"and": 5}}}
+    if k == 3:
+        return [{"$set": {p: {"$arrayToObject": [[{"k": R.choice(NAMES), "v": "$" + path()}]]}}},
+                {"$unset": path()}]
+    if k == 4:
+        return [{"$set": {n: {"$map": {"input": {"$ifNull": ["$" + path(), []]}, "as": "it",
+                                       "in": {"$ifNull": ["$$it." + R.choice(NAMES), "$$it"]}}}}}]
+    if k == 5:
+        return {"$push": {p: {"$each": [value(2)], "$position": 0, "$slice": 3}}}
+    if k == 6:
+        return [{"$replaceWith": {"$setField": {"field": R.choice(NAMES), "input": "$$ROOT",
+                                                 "value": "$" + path()}}}]
+    if k == 7:
+        return {"$pull": {p: R.choice([{"$in": [value(3), value(3)]}, {"$eq": value(2)},
+                                       {R.choice(NAMES): {"$exists": True}}])}}
+    if k == 8:
+        return {"$set": {n + ".$[e]": value(1)}}
+    return {"$setOnInsert": {p: 1}, "$unset": {path(): 1}}
+
+
+def wide_stage(k):
+    n, q = R.choice(NAMES), path()
+    if k == 0:
+        return {"$project": {n: {"$map": {"input": {"$ifNull": ["$" + q, []]}, "as": "e",
+                                         "in": {"$ifNull": ["$$e." + R.choice(NAMES), "$$e"]}}}}}
+    if k == 1:
+        return {"$project": {n: {"$filter": {"input": {"$ifNull": ["$" + q, []]},
+                                            "cond": {"$ne": ["$$this." + R.choice(NAMES), None]}}}}}
+    if k == 2:
+        return {"$project": {n: {"$reduce": {"input": {"$ifNull": ["$" + q, []]}, "initialValue": [],
+                                            "in": {"$concatArrays": ["$$value", [{"$type": "$$this"}]]}}}}}
+    if k == 3:
+        return {"$addFields": {n: {"$let": {"vars": {"v": "$" + R.choice(NAMES)},
+                                           "in": {"$ifNull": ["$$v." + R.choice(NAMES), "$$v"]}}}}}
+    if k == 4:
+        return {"$project": {n: {"$cond": [{"$gt": ["$" + q, 5]}, "$" + path(), "$$REMOVE"]},
+                             "sw": {"$switch": {"branches": [{"case": {"$isArray": "$" + path()},
+                                                              "then": "$" + path()}],
+                                                "default": {"$type": "$" + q}}}}}
+    if k == 5:  # keys made from the user's strings, or from names spelled as strings
+        key = R.choice([R.choice(NAMES), "$" + q])
+        return {"$replaceRoot": {"newRoot": {"$arrayToObject": [[{"k": {"$toString": key}, "v": "$_id"}]]}}}
+    if k == 6:
+        return {"$project": {n: {"$arrayToObject": {"$objectToArray": {"$ifNull": ["$" + q, {}]}}}}}
+    if k == 7:
+        return {"$graphLookup": {"from": "o", "startWith": "$" + q, "connectFromField": R.choice(NAMES),
+                                 "connectToField": R.choice(NAMES), "as": n, "maxDepth": 2,
+                                 "depthField": R.choice(NAMES)}}
+    if k == 8:
+        return {"$unionWith": {"coll": "o", "pipeline": [{"$match": filt()}, {"$project": {q: 1}}]}}
+    if k == 9:
+        return {"$setWindowFields": {"partitionBy": "$" + q, "sortBy": {"_id": 1},
+                                     "output": {n: {"$sum": 1, "window": {"documents": ["unbounded", "current"]}}}}}
+    if k == 10:
+        return {"$redact": {"$cond": [{"$eq": [{"$type": "$" + R.choice(NAMES)}, "missing"]},
+                                      "$$DESCEND", "$$PRUNE"]}}
+    if k == 11:
+        return {"$project": {n: {"$sortArray": {"input": {"$ifNull": ["$" + q, []]},
+                                               "sortBy": {R.choice(NAMES): 1}}}}}
+    if k == 12:
+        return {"$group": {"_id": {"a": "$" + q, "b": {"$type": "$" + path()}},
+                           n: {"$top": {"sortBy": {path(): 1, "_id": 1}, "output": ["$" + path(), "$_id"]}}}}
+    if k == 13:
+        return {"$project": {q: {R.choice(NAMES): 1}, "_id": 1}}
+    if k == 14:
+        return {"$addFields": {n + "." + R.choice(NAMES): "$" + q}}
+    return {"$project": {"keys": {"$map": {"input": {"$objectToArray": "$$ROOT"}, "in": "$$this.k"}}}}
+
+
 def normalized(text):
     text = re.sub(rf"{prefix}_(proxy|direct)", "DB", text)
+    text = re.sub(r"tmp\.agg_out\.[0-9a-f]+", "tmp.agg_out.ID", text)
     return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "UUID", text)
 
 
@@ -273,6 +362,19 @@ def run(db, op, args):
         if op == "other":
             db.o.insert_many(args)
             return "ok"
+        if op == "aggout":
+            list(coll.aggregate(args))
+            # The _ids the server gives to documents without one differ.
+            return sorted(bson.encode(SON((k, "OID" if isinstance(v, bson.ObjectId) else v)
+                                          for k, v in d.items())) for d in db.m.find())
+        if op == "replace":
+            f, d = args
+            r = coll.replace_one(f, d)
+            return (r.matched_count, r.modified_count)
+        if op == "index2":
+            spec, opts = args
+            coll.create_index(spec, name=f"w{len(str(spec))}{len(opts)}", **opts)
+            return sorted(repr(sorted(ix.items())) for ix in coll.list_indexes())
     except pymongo.errors.BulkWriteError as e:
         return ("bulk error", [(w["index"], w["code"], normalized(w["errmsg"])) for w in e.details["writeErrors"]])
     except pymongo.errors.OperationFailure as e:
@@ -306,7 +408,7 @@ def state(db):
 
 def resync():
     """Both sides rebuilt from the twin's documents, in _id order."""
-    for name in ("c", "o"):
+    for name in ("c", "o", "m"):
         docs = list(ddb[name].find().sort("_id", 1))
         for db in (pdb, ddb):
             db[name].delete_many({})
@@ -333,7 +435,20 @@ def fresh_docs(k):
 
 def draw(i):
     global next_id
-    k = R.randrange(17)
+    k = R.randrange(20 if WIDE else 17)
+    if k == 17:
+        last = R.choice([{"$out": "m"}, {"$merge": {"into": "m", "on": "_id", "whenMatched": "replace"}}])
+        return "aggout", pipeline()[:1] + [last]
+    if k == 18:
+        return "replace", (filt(), document())
+    if k == 19:
+        spec = R.choice([[(path(), 1), (path(), -1)], [("$**", 1)], [(path() + ".$**", 1)]])
+        opts = {}
+        if spec[0][0] == "$**":
+            opts["wildcardProjection"] = {R.choice(NAMES): 1}
+        elif R.random() < 0.5:
+            opts["partialFilterExpression"] = {path(): {"$exists": True}}
+        return "index2", (spec, opts)
     if k < 2 or i < 3:
         return "insert", fresh_docs(R.randrange(1, 4))
     if k < 5:
@@ -341,7 +456,8 @@ def draw(i):
         return "find", (filt(), projection(), s)
     if k < 7:
         u = update()
-        af = [{"e." + R.choice(NAMES): {"$exists": True}}] if "$[e]" in str(u) else None
+        af = [R.choice([{"e." + R.choice(NAMES): {"$exists": True}}, {"e": value(2)},
+                        {"e": {"$in": [value(2), value(2)]}}])] if "$[e]" in str(u) else None
         upsert = R.random() < 0.2
         f = filt()
         if upsert:  # the upserted _id is the test's, not the server's
@@ -411,6 +527,10 @@ for i in range(n):
     if a != b:
         mismatches += 1
         print(f"MISMATCH seed={seed} i={i} {op} {args!r}")
+        if isinstance(a, list) and isinstance(b, list):  # from the first difference
+            at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            a, b = a[at:], b[at:]
+            print(f"  from item {at}:")
         print("  proxy :", str(shown(a))[:1500])
         print("  direct:", str(shown(b))[:1500])
         resync()
