@@ -169,14 +169,32 @@ struct Scope {
     /// Reloads finished: a caller that waited while one ran finds the
     /// state fresh.
     reloads: std::sync::atomic::AtomicU64,
-    /// To be read again before its next use (the upstream failed or
-    /// restarted since it was read).
-    stale: std::sync::atomic::AtomicBool,
+    /// Reasons to read it again before its next use, counted (a
+    /// `dropDatabase` went through, the upstream failed, a read failed)...
+    suspected: std::sync::atomic::AtomicU64,
+    /// ...and how many of them the last settled read began after. Fresh
+    /// when the two are equal: a read in flight clears nothing until its
+    /// result is in place, so no request takes the state it is replacing
+    /// for a fresh one.
+    cleared: std::sync::atomic::AtomicU64,
     /// Why the last read failed, until one succeeds (for `/readyz`).
     unreadable: parking_lot::Mutex<Option<String>>,
     /// The dictionary the last read built, and the digest of the bytes it
     /// was built from.
     last_read: parking_lot::Mutex<Option<(Arc<Dictionary>, Digest)>>,
+}
+
+impl Scope {
+    fn suspect(&self) {
+        self.suspected
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Whether every suspicion raised has been answered by a settled read.
+    fn is_fresh(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.cleared.load(Ordering::Acquire) == self.suspected.load(Ordering::Acquire)
+    }
 }
 
 /// SHA-256 of the documents a read of the store returned, in their order.
@@ -331,7 +349,7 @@ impl NameStore {
     pub fn loaded(&self, db: &str) -> bool {
         let scope = self.inner.policies.scope_of(db);
         let cell = self.scope(scope);
-        !cell.stale.load(std::sync::atomic::Ordering::Acquire)
+        cell.is_fresh()
             && !matches!(*cell.state.read(), State::Unloaded)
             && (scope == db || self.inner.members.contains_key(db))
     }
@@ -343,9 +361,7 @@ impl NameStore {
     pub fn suspect(&self, db: &str) {
         let scope = self.inner.policies.scope_of(db);
         self.inner.members.remove(db);
-        self.scope(scope)
-            .stale
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.scope(scope).suspect();
     }
 
     /// Marks every dictionary to be read again before its next use: called
@@ -353,9 +369,7 @@ impl NameStore {
     /// another (restored, or wiped) one.
     pub fn suspect_all(&self) {
         for e in self.inner.scopes.iter() {
-            e.value()
-                .stale
-                .store(true, std::sync::atomic::Ordering::Release);
+            e.value().suspect();
         }
     }
 
@@ -430,12 +444,9 @@ impl NameStore {
         let seen = cell.reloads.load(Ordering::Acquire);
         let _one = cell.reload.lock().await;
         // A read that finished while this one waited answers for it, unless
-        // the dictionary was suspected after that read began (it cleared
-        // `stale` as it began): it may have read what a `dropDatabase` took.
-        if share
-            && cell.reloads.load(Ordering::Acquire) != seen
-            && !cell.stale.load(Ordering::Acquire)
-        {
+        // the dictionary was suspected after that read began: it may have
+        // read what a `dropDatabase` took.
+        if share && cell.reloads.load(Ordering::Acquire) != seen && cell.is_fresh() {
             return Ok(RoundTrips(0));
         }
         let previous = cell.state.read().clone();
@@ -445,11 +456,12 @@ impl NameStore {
             (State::Ready(now), Some((read, digest))) if Arc::ptr_eq(now, read) => Some(*digest),
             _ => None,
         };
-        cell.stale.store(false, Ordering::Release);
+        // The suspicions this read answers: those raised before it began.
+        let covers = cell.suspected.load(Ordering::Acquire);
         let (state, trips, digest) = match self.read(scope, &previous, built_from).await {
             Ok(r) => r,
             Err(e) => {
-                cell.stale.store(true, Ordering::Release);
+                cell.suspect();
                 *cell.unreadable.lock() = Some(format!("its dictionary cannot be read: {e}"));
                 return Err(e);
             }
@@ -460,6 +472,8 @@ impl NameStore {
             _ => None,
         };
         self.settle(scope, &cell, state);
+        // Fresh from here on (unless suspected again since it began).
+        cell.cleared.fetch_max(covers, Ordering::AcqRel);
         cell.reloads.fetch_add(1, Ordering::Release);
         Ok(trips)
     }

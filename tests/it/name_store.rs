@@ -319,3 +319,39 @@ async fn a_drop_during_a_revalidation_is_read_again_not_shared() {
         revalidation.await.unwrap();
     }
 }
+
+/// A revalidation that begins after a `dropDatabase` went through answers
+/// for it only once its read is in place: a command arriving while it
+/// reads waits for it, instead of taking the dictionary it is replacing for
+/// a fresh one (and storing the dropped dictionary's tokens, which no
+/// dictionary in the store records).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_during_the_revalidation_after_a_drop_waits_for_it() {
+    let (scope, _) = store_db("ns_dropwait").await;
+    let store = store(1000).await;
+    let client = common::direct().await;
+    let mut raced = 0;
+    for round in 0..20 {
+        store
+            .allocate(&scope, &[&format!("a field name {round}")], &[])
+            .await
+            .unwrap();
+        assert!(store.loaded(&scope));
+        client.database(&scope).drop().await.unwrap();
+        store.suspect(&scope);
+        let revalidation = tokio::spawn({
+            let store = store.clone();
+            async move { store.revalidate().await }
+        });
+        // Let the revalidation begin its read.
+        tokio::time::sleep(std::time::Duration::from_micros(300)).await;
+        raced += usize::from(!revalidation.is_finished());
+        store.ensure_loaded(&scope).await.unwrap();
+        assert!(
+            store.dictionary(&scope).unwrap().is_empty(),
+            "round {round}: the dictionary dropped with the database is still used"
+        );
+        revalidation.await.unwrap();
+    }
+    assert!(raced > 0, "no command arrived during a revalidation");
+}
