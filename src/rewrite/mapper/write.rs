@@ -3,7 +3,7 @@
 
 use bson::{Bson, Document};
 
-use super::paths::{document, logical_parts, path};
+use super::paths::{condition, document, logical, logical_parts, path, paths_document, value_at};
 use super::Mapper;
 use crate::error::ProxyError;
 use crate::token::{Migration, Names, Policy};
@@ -84,24 +84,17 @@ impl Mapper<'_> {
                             ("$unset" | "$inc" | "$mul" | "$currentDate" | "$pop" | "$bit", v) => {
                                 v.clone()
                             }
-                            // A condition on the array's elements, as a
-                            // filter's on the array would be.
                             ("$push", Bson::Document(m)) if m.contains_key("$each") => {
                                 Bson::Document(self.push_modifiers(p, &scope, m)?)
                             }
-                            ("$pull", v) => super::paths::condition(
-                                v,
-                                &scope,
-                                self.policy,
-                                self.names,
-                                &|_, v| Ok(v.clone()),
-                            )?,
-                            (_, v) if self.policy.is_value_path(&scope) => super::paths::value_at(
-                                v,
-                                &mut scope.clone(),
-                                self.policy,
-                                self.names,
-                            ),
+                            // A condition on the array's elements, as a
+                            // filter's on the array would be.
+                            ("$pull", v) => {
+                                condition(v, &scope, self.policy, self.names, &as_it_is)?
+                            }
+                            (_, v) if self.policy.is_value_path(&scope) => {
+                                value_at(v, &mut scope.clone(), self.policy, self.names)
+                            }
                             (_, Bson::Document(d)) => Bson::Document(document(
                                 d,
                                 &mut scope.clone(),
@@ -152,15 +145,12 @@ impl Mapper<'_> {
         for (k, v) in m {
             let v = match (k.as_str(), v) {
                 ("$each", v) if self.policy.is_value_path(scope) => {
-                    super::paths::value_at(v, &mut scope.to_vec(), self.policy, self.names)
+                    value_at(v, &mut scope.to_vec(), self.policy, self.names)
                 }
                 ("$each", v) => literal(v, scope, self.policy, self.names),
-                ("$sort", Bson::Document(by)) => Bson::Document(super::paths::paths_document(
-                    by,
-                    scope,
-                    self.policy,
-                    self.names,
-                )),
+                ("$sort", Bson::Document(by)) => {
+                    Bson::Document(paths_document(by, scope, self.policy, self.names))
+                }
                 _ => v.clone(),
             };
             out.insert(k.clone(), v);
@@ -180,7 +170,7 @@ impl Mapper<'_> {
         let sorted = match sort {
             Some(Bson::Document(by)) => by
                 .keys()
-                .map(|k| super::paths::logical(scope, k))
+                .map(|k| logical(scope, k))
                 .find(|path| self.policy.is_value_path(path)),
             Some(_) => Some(scope.to_vec()).filter(|s| self.policy.is_value_path(s)),
             None => None,
@@ -248,14 +238,11 @@ impl Mapper<'_> {
                     let (key, scope) = match rest {
                         Some(rest) => (
                             format!("{id}.{}", path(rest, array, self.policy, self.names)),
-                            super::paths::logical(array, rest),
+                            logical(array, rest),
                         ),
                         None => (id.to_owned(), array.to_vec()),
                     };
-                    let condition =
-                        super::paths::condition(v, &scope, self.policy, self.names, &|_, v| {
-                            Ok(v.clone())
-                        })?;
+                    let condition = condition(v, &scope, self.policy, self.names, &as_it_is)?;
                     out.insert(key, condition);
                 }
             }
@@ -284,12 +271,18 @@ fn identifier_scopes(update: Option<&Bson>) -> Vec<(String, Vec<String>)> {
                             scopes.push((id.to_owned(), array.clone()));
                         }
                     }
-                    _ => array.extend(super::paths::logical_parts(c).map(str::to_owned)),
+                    _ => array.extend(logical_parts(c).map(str::to_owned)),
                 }
             }
         }
     }
     scopes
+}
+
+/// Conditions on array elements hold no `$expr` (the server refuses one):
+/// anything of the kind goes as it came.
+fn as_it_is(_: &str, v: &Bson) -> Result<Bson, ProxyError> {
+    Ok(v.clone())
 }
 
 /// The stages an update pipeline may hold.
