@@ -390,6 +390,9 @@ impl Mapper<'_> {
 
     pub(super) fn lookup(&self, l: &Document) -> Result<Document, ProxyError> {
         let foreign = self.from("$lookup", l)?;
+        if let (Ok(local), Ok(field)) = (l.get_str("localField"), l.get_str("foreignField")) {
+            same_values("$lookup", (self, local), (&foreign, field))?;
+        }
         let out = each_field(l, |k, v| {
             Ok(match (k, v) {
                 ("localField", Bson::String(p)) => Bson::String(self.path(p, &[])),
@@ -401,6 +404,11 @@ impl Mapper<'_> {
             })
         })?;
         Ok(out)
+    }
+
+    /// Whether the path holds value tokens where it holds strings.
+    fn holds_values(&self, p: &str) -> bool {
+        self.policy.is_value_path(&super::paths::logical(&[], p))
     }
 
     /// The collection a `$lookup` or `$graphLookup` reads (`from`): one of
@@ -427,6 +435,31 @@ impl Mapper<'_> {
 
     pub(super) fn graph_lookup(&self, g: &Document) -> Result<Document, ProxyError> {
         let foreign = self.from("$graphLookup", g)?;
+        // The values matched against `connectToField` come from `startWith`
+        // first, then from `connectFromField`.
+        if let Ok(to) = g.get_str("connectToField") {
+            if let Ok(from) = g.get_str("connectFromField") {
+                same_values("$graphLookup", (&foreign, from), (&foreign, to))?;
+            }
+            match g.get("startWith") {
+                Some(Bson::String(s)) if s.starts_with('$') && !s.starts_with("$$") => {
+                    same_values("$graphLookup", (self, &s[1..]), (&foreign, to))?;
+                }
+                Some(_) if foreign.holds_values(to) => {
+                    return Err(ProxyError::Unsupported(format!(
+                        "$graphLookup matching the tokenized value path {to} with what startWith computes cannot be kept correct: tokenized values are not strings"
+                    )))
+                }
+                Some(e) => {
+                    let mut read = Vec::new();
+                    relative_paths(e, &mut read);
+                    for p in read {
+                        same_values("$graphLookup", (self, p), (&foreign, to))?;
+                    }
+                }
+                None => {}
+            }
+        }
         let out = each_field(g, |k, v| {
             Ok(match (k, v) {
                 ("startWith", e) => self.expr_as(e, &[], &Vars::default(), Use::Moved)?,
@@ -579,6 +612,24 @@ impl Mapper<'_> {
     }
 
     // === Expressions ===
+}
+
+/// A join compares the values of two paths: both must hold value tokens,
+/// or neither (a token never equals the string it stands for).
+fn same_values(
+    stage: &str,
+    (a, p): (&Mapper<'_>, &str),
+    (b, q): (&Mapper<'_>, &str),
+) -> Result<(), ProxyError> {
+    match (a.holds_values(p), b.holds_values(q)) {
+        (true, false) | (false, true) => {
+            let (tokens, strings) = if a.holds_values(p) { (p, q) } else { (q, p) };
+            Err(ProxyError::Unsupported(format!(
+                "{stage} joining the tokenized value path {tokens} with {strings}, which holds strings, cannot be kept correct: tokenized values are not strings"
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The paths an expression reads relative to the document it is evaluated

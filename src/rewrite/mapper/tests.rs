@@ -458,3 +458,50 @@ fn a_json_schema_at_a_value_path_reads_what_is_stored() {
         );
     }
 }
+
+/// A join compares two paths' values: a value path (tokens) with a path
+/// holding strings never matches, so such a `$lookup` or `$graphLookup`
+/// is refused; value path with value path, or plain with plain, is kept.
+#[test]
+fn joins_between_value_tokens_and_strings_are_refused() {
+    let policies = Policies::new(
+        Policy::new(4, &[], "laconic").with_value_paths(&["tags".into(), "place.city".into()]),
+    );
+    let dict = Dictionary::default();
+    let aggregate = |stage: Document| {
+        cmd(doc! {"aggregate": "c", "$db": "app", "cursor": {}, "pipeline": [stage]})
+    };
+    let lookup = |local: &str, foreign: &str| {
+        aggregate(
+            doc! {"$lookup": {"from": "c", "localField": local, "foreignField": foreign, "as": "m"}},
+        )
+    };
+    let graph = |start: Bson, from: &str, to: &str| {
+        aggregate(doc! {"$graphLookup": {"from": "c", "startWith": start,
+        "connectFromField": from, "connectToField": to, "as": "g"}})
+    };
+    let kept = [
+        lookup("tags", "tags"),
+        lookup("name", "label"),
+        lookup("place.city", "tags"),
+        graph(Bson::from("$tags"), "tags", "tags"),
+        graph(Bson::from("$name"), "next", "name"),
+        graph(Bson::from(vec![Bson::from("$name")]), "next", "name"),
+    ];
+    for mut c in kept {
+        command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap();
+    }
+    let refused = [
+        lookup("name", "tags"),
+        lookup("tags", "name"),
+        graph(Bson::from("$name"), "next", "tags"),
+        graph(Bson::from("$tags"), "tags", "name"),
+        graph(Bson::from("$tags"), "next", "tags"),
+        graph(Bson::from("rock"), "tags", "tags"),
+        graph(Bson::from(vec![Bson::from("$tags")]), "next", "name"),
+    ];
+    for mut c in refused {
+        let e = command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap_err();
+        assert!(e.to_string().contains("tokenized value path"), "{e}");
+    }
+}
