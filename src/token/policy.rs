@@ -76,6 +76,54 @@ impl Policy {
             .any(|p| parent.len() >= p.len() && p.iter().zip(parent).all(|(a, b)| a == b))
     }
 
+    /// Whether names below the logical paths `a` and `b` are stored alike:
+    /// the same custom-attribute paths reach below both, the same value
+    /// paths, and `_id` is at the top below both or neither (names of 1 to
+    /// 3 bytes are tokenized elsewhere).
+    pub fn same_below<A: AsRef<str>, B: AsRef<str>>(&self, a: &[A], b: &[B]) -> bool {
+        let a: Vec<&str> = a.iter().map(AsRef::as_ref).collect();
+        let b: Vec<&str> = b.iter().map(AsRef::as_ref).collect();
+        if a == b {
+            return true;
+        }
+        // The part of `path` below `at`, if `path` starts with `at`.
+        let below = |path: &[String], at: &[&str]| -> Option<Vec<String>> {
+            (path.len() >= at.len() && path.iter().zip(at).all(|(x, y)| x == y))
+                .then(|| path[at.len()..].to_vec())
+        };
+        // Above `at`: a custom-attribute path holding it.
+        let covered = |at: &[&str]| {
+            self.custom_paths
+                .iter()
+                .any(|c| c.len() <= at.len() && c.iter().zip(at).all(|(x, y)| x == y))
+        };
+        let reach = |paths: &[Vec<String>], at: &[&str]| -> Vec<Vec<String>> {
+            let mut r: Vec<Vec<String>> = paths.iter().filter_map(|p| below(p, at)).collect();
+            r.sort();
+            r
+        };
+        let custom = match (covered(&a), covered(&b)) {
+            (true, true) => true,
+            (false, false) => reach(&self.custom_paths, &a) == reach(&self.custom_paths, &b),
+            _ => false,
+        };
+        custom
+            && reach(&self.value_paths, &a) == reach(&self.value_paths, &b)
+            && !((1..=3).contains(&self.min_len) && a.is_empty() != b.is_empty())
+    }
+
+    /// Whether what lies at or below the logical path `a` is stored in a
+    /// form that depends on where it is: below a custom-attribute path, or
+    /// holding one, or holding a value path.
+    pub fn stores_apart<A: AsRef<str>>(&self, a: &[A]) -> bool {
+        let starts = |p: &[String], with: &[A]| {
+            p.len() >= with.len() && p.iter().zip(with).all(|(x, y)| x == y.as_ref())
+        };
+        self.custom_paths.iter().any(|c| {
+            starts(c, a) || (c.len() <= a.len() && c.iter().zip(a).all(|(x, y)| x == y.as_ref()))
+        }) || self.value_paths.iter().any(|v| starts(v, a))
+    }
+
     /// Whether the names of `path`, read from a document at any depth (as
     /// a `$redact` expression reads them), are stored alike at every depth.
     /// Three things make a depth differ: `_id` is left as it is at the top
@@ -383,5 +431,44 @@ mod tests {
             !values.same_at_every_depth("city") && !values.same_at_every_depth("location.city")
         );
         assert!(values.same_at_every_depth("location"));
+    }
+
+    #[test]
+    fn names_below_two_places_are_stored_alike_or_not() {
+        let p = Policy::new(4, &["custom".into(), "meta.nested".into()], "laconic")
+            .with_value_paths(&["tags".into(), "place.city".into()]);
+        let same = |a: &[&str], b: &[&str]| p.same_below(a, b);
+        assert!(same(&["x"], &["y", "z"]));
+        assert!(
+            same(&["custom"], &["custom", "x"]),
+            "both custom attributes"
+        );
+        assert!(
+            !same(&["custom"], &["copy"]),
+            "out of a custom-attribute path"
+        );
+        assert!(!same(&["x"], &["custom", "x"]), "into one");
+        assert!(!same(&[], &["doc"]), "the top holds custom and meta.nested");
+        assert!(!same(&["meta"], &["other"]), "meta holds nested");
+        assert!(same(&["meta"], &["meta"]));
+        assert!(!same(&["tags"], &["t"]), "a value path's values");
+        assert!(
+            !same(&["place"], &["spot"]),
+            "place holds the value path city"
+        );
+        let short = Policy::new(2, &[], "laconic");
+        assert!(
+            !short.same_below(&[] as &[&str], &["doc"]),
+            "_id at the top only"
+        );
+        assert!(short.same_below(&["a"], &["b", "c"]));
+        assert!(p.stores_apart(&["custom", "x"]) && p.stores_apart(&["meta"]));
+        assert!(p.stores_apart(&["place"]) && p.stores_apart(&[] as &[&str]));
+        assert!(!p.stores_apart(&["other"]) && !p.stores_apart(&["meta", "b"]));
+        let long = Policy::new(4, &[], "laconic");
+        assert!(
+            long.same_below(&[] as &[&str], &["doc"]),
+            "min_len 4 leaves _id alike"
+        );
     }
 }

@@ -102,6 +102,9 @@ pub(super) struct Mapper<'a> {
     /// The collection is being migrated (its documents are in both forms),
     /// and which way.
     migrating: Option<Migration>,
+    /// What is rewritten is stored (a change, an upsert's filter, a
+    /// pipeline ending in `$out` or `$merge`).
+    stores: bool,
 }
 
 impl<'a> Mapper<'a> {
@@ -118,6 +121,7 @@ impl<'a> Mapper<'a> {
             names: lookup.read,
             lookup,
             migrating: policies.migration(db, coll),
+            stores: false,
         }
     }
 
@@ -144,6 +148,7 @@ impl<'a> Mapper<'a> {
     pub(super) fn storing(&self) -> Mapper<'a> {
         Mapper {
             names: self.lookup.store,
+            stores: true,
             ..*self
         }
     }

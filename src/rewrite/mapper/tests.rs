@@ -505,3 +505,51 @@ fn joins_between_value_tokens_and_strings_are_refused() {
         assert!(e.to_string().contains("tokenized value path"), "{e}");
     }
 }
+
+/// A subtree moved by an expression keeps the stored form of the place it
+/// came from. Where the result is stored (a pipeline update, `$out`,
+/// `$merge`), moving it between places that store names otherwise (out of
+/// a custom-attribute path, say, whose short names are tokenized) is
+/// refused; a read, whose reply is expanded by the tokens' shape alone,
+/// goes on.
+#[test]
+fn a_stored_move_between_places_that_store_names_otherwise_is_refused() {
+    let policies = Policies::new(Policy::new(4, &["custom".into()], "laconic"));
+    let dict = Dictionary::default();
+    let run = |body: Document| {
+        let mut c = cmd(body);
+        command(&mut c, "app", &policies, Lookup::of(&dict))
+    };
+    let update = |pipeline: Vec<Document>| {
+        run(doc! {"update": "c", "$db": "app", "updates": [{"q": {}, "u": pipeline}]})
+    };
+    let aggregate = |pipeline: Vec<Document>| {
+        run(doc! {"aggregate": "c", "$db": "app", "cursor": {}, "pipeline": pipeline})
+    };
+    let refused = |r: Result<(), ProxyError>| {
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("where the documents are stored"), "{e}");
+    };
+    refused(update(vec![doc! {"$set": {"moved": "$custom"}}]));
+    refused(update(vec![doc! {"$replaceWith": "$custom.sub"}]));
+    refused(aggregate(vec![
+        doc! {"$project": {"c": "$$ROOT.custom"}},
+        doc! {"$merge": {"into": "m"}},
+    ]));
+    refused(aggregate(vec![
+        doc! {"$replaceRoot": {"newRoot": "$custom"}},
+        doc! {"$out": "m"},
+    ]));
+    // Within the same kind of place, or only read: rewritten.
+    update(vec![
+        doc! {"$set": {"custom.copy": "$custom.sub", "b": "$a"}},
+    ])
+    .unwrap();
+    update(vec![
+        doc! {"$replaceWith": {"$mergeObjects": ["$$ROOT", {"n": 1}]}},
+    ])
+    .unwrap();
+    aggregate(vec![doc! {"$replaceRoot": {"newRoot": "$custom"}}]).unwrap();
+    // From a plain place (most often a scalar).
+    update(vec![doc! {"$set": {"custom.copy": "$other"}}]).unwrap();
+}
