@@ -230,15 +230,18 @@ pub fn logical(parent: &[String], p: &str) -> Vec<String> {
     v
 }
 
-/// A query filter relative to `parent`. `$expr` and `$jsonSchema` are
-/// rewritten by `special` (the aggregation and schema rewriters), which may
-/// refuse them.
+/// How a filter's `$expr` and `$jsonSchema` are rewritten (by the
+/// aggregation and schema rewriters, which may refuse them).
+pub type Special<'a> = &'a dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>;
+
+/// A query filter relative to `parent`; its `$expr` and `$jsonSchema` are
+/// rewritten by `expr`.
 pub fn filter(
     f: &Document,
     parent: &[String],
     policy: &Policy,
     names: &dyn Names,
-    expr: &dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>,
+    expr: Special<'_>,
 ) -> Result<Document, ProxyError> {
     let mut out = Document::new();
     for (k, v) in f {
@@ -283,7 +286,7 @@ pub(super) fn condition(
     scope: &[String],
     policy: &Policy,
     names: &dyn Names,
-    expr: &dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>,
+    expr: Special<'_>,
 ) -> Result<Bson, ProxyError> {
     if policy.is_value_path(scope) {
         // Checked here, where the whole path is known (an `$elemMatch`'s
@@ -330,7 +333,7 @@ fn value_condition(
     scope: &[String],
     policy: &Policy,
     names: &dyn Names,
-    expr: &dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>,
+    expr: Special<'_>,
 ) -> Result<Bson, ProxyError> {
     let literal = |x: &Bson| value_at(x, &mut scope.to_vec(), policy, names);
     let is_operators = |d: &Document| d.keys().next().is_some_and(|k| k.starts_with('$'));
