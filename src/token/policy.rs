@@ -112,16 +112,15 @@ impl Policy {
             && !((1..=3).contains(&self.min_len) && a.is_empty() != b.is_empty())
     }
 
-    /// Whether what lies at or below the logical path `a` is stored in a
-    /// form that depends on where it is: below a custom-attribute path, or
-    /// holding one, or holding a value path.
+    /// Whether the logical path `a` holds names or values stored in a form
+    /// of their own: it is, or holds, a custom-attribute path (whose
+    /// attributes' names are tokenized whatever their length) or a value
+    /// path. (An attribute's own value, below a custom-attribute path, is
+    /// most often a scalar.)
     pub fn stores_apart<A: AsRef<str>>(&self, a: &[A]) -> bool {
-        let starts = |p: &[String], with: &[A]| {
-            p.len() >= with.len() && p.iter().zip(with).all(|(x, y)| x == y.as_ref())
-        };
-        self.custom_paths.iter().any(|c| {
-            starts(c, a) || (c.len() <= a.len() && c.iter().zip(a).all(|(x, y)| x == y.as_ref()))
-        }) || self.value_paths.iter().any(|v| starts(v, a))
+        let starts =
+            |p: &[String]| p.len() >= a.len() && p.iter().zip(a).all(|(x, y)| x == y.as_ref());
+        self.custom_paths.iter().any(|c| starts(c)) || self.value_paths.iter().any(|v| starts(v))
     }
 
     /// Whether the names of `path`, read from a document at any depth (as
@@ -462,7 +461,8 @@ mod tests {
             "_id at the top only"
         );
         assert!(short.same_below(&["a"], &["b", "c"]));
-        assert!(p.stores_apart(&["custom", "x"]) && p.stores_apart(&["meta"]));
+        assert!(p.stores_apart(&["custom"]) && p.stores_apart(&["meta"]));
+        assert!(!p.stores_apart(&["custom", "x"]), "an attribute's value");
         assert!(p.stores_apart(&["place"]) && p.stores_apart(&[] as &[&str]));
         assert!(!p.stores_apart(&["other"]) && !p.stores_apart(&["meta", "b"]));
         let long = Policy::new(4, &[], "laconic");

@@ -286,18 +286,19 @@ impl Mapper<'_> {
     /// A subtree moved from the path `p` to `out` keeps the stored form of
     /// its names, which is that of `p`'s place. Where the documents are
     /// stored, a subtree stored in a form of its own (custom attributes,
-    /// value tokens) may not move to a place that stores names otherwise:
-    /// the stored documents would hold names in a form no later query
-    /// finds. (A value moved from a plain place is most often a scalar,
-    /// and goes; a document of short names moved into a custom-attribute
-    /// path keeps its plain form, as the README says.)
+    /// value tokens), or any document made the top one, may not move to a
+    /// place that stores names otherwise: the stored documents would hold
+    /// names in a form no later query finds. (Other values moved, most
+    /// often scalars, go; a document of short names moved into a
+    /// custom-attribute path keeps its plain form, as the README says.)
     fn check_stored_move(&self, p: &str, out: &[String]) -> Result<(), ProxyError> {
         let from = if p.is_empty() {
             Vec::new()
         } else {
             logical(&[], p)
         };
-        if !self.stores || !self.policy.stores_apart(&from) || self.policy.same_below(&from, out) {
+        let names_move = out.is_empty() || self.policy.stores_apart(&from);
+        if !self.stores_documents || !names_move || self.policy.same_below(&from, out) {
             return Ok(());
         }
         let place = |p: &[String]| match p {

@@ -102,9 +102,9 @@ pub(super) struct Mapper<'a> {
     /// The collection is being migrated (its documents are in both forms),
     /// and which way.
     migrating: Option<Migration>,
-    /// What is rewritten is stored (a change, an upsert's filter, a
-    /// pipeline ending in `$out` or `$merge`).
-    stores: bool,
+    /// What an expression computes is stored as documents: a pipeline
+    /// update, a pipeline ending in `$out` or `$merge`.
+    stores_documents: bool,
 }
 
 impl<'a> Mapper<'a> {
@@ -121,7 +121,7 @@ impl<'a> Mapper<'a> {
             names: lookup.read,
             lookup,
             migrating: policies.migration(db, coll),
-            stores: false,
+            stores_documents: false,
         }
     }
 
@@ -148,8 +148,15 @@ impl<'a> Mapper<'a> {
     pub(super) fn storing(&self) -> Mapper<'a> {
         Mapper {
             names: self.lookup.store,
-            stores: true,
             ..*self
+        }
+    }
+
+    /// [`Mapper::storing`], where expressions compute stored documents.
+    pub(super) fn storing_documents(&self) -> Mapper<'a> {
+        Mapper {
+            stores_documents: true,
+            ..self.storing()
         }
     }
 
@@ -166,12 +173,11 @@ impl<'a> Mapper<'a> {
         if let Some(why) = entry.refused {
             return Err(refuse(why));
         }
-        let everything = match entry.stores {
-            Stores::Everything => true,
-            Stores::Output => writes_output(body),
-            Stores::Data | Stores::Nothing => false,
+        let m = match entry.stores {
+            Stores::Everything => self.storing(),
+            Stores::Output if writes_output(body) => self.storing_documents(),
+            Stores::Output | Stores::Data | Stores::Nothing => *self,
         };
-        let m = if everything { self.storing() } else { *self };
         m.slots(entry.slots, body)
     }
 

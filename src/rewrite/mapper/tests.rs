@@ -550,6 +550,15 @@ fn a_stored_move_between_places_that_store_names_otherwise_is_refused() {
     ])
     .unwrap();
     aggregate(vec![doc! {"$replaceRoot": {"newRoot": "$custom"}}]).unwrap();
-    // From a plain place (most often a scalar).
+    // From a plain place, or an attribute's value (most often a scalar).
     update(vec![doc! {"$set": {"custom.copy": "$other"}}]).unwrap();
+    aggregate(vec![
+        doc! {"$project": {"tier": "$custom.Loyalty Tier"}},
+        doc! {"$merge": {"into": "m"}},
+    ])
+    .unwrap();
+    // A view stores its pipeline, not documents.
+    run(doc! {"create": "v", "$db": "app", "viewOn": "c",
+    "pipeline": [{"$project": {"moved": "$custom"}}]})
+    .unwrap();
 }

@@ -45,7 +45,7 @@ impl Mapper<'_> {
         array_filters_key: &str,
     ) -> Result<(), ProxyError> {
         let upsert = op.get_bool("upsert").unwrap_or(false);
-        let stores = self.storing();
+        let stores = self.storing_documents();
         let filter = if upsert { &stores } else { self };
         filter.update_filter_at(op, filter_key, update_key)?;
         // Read against the change's paths as the client wrote them.
