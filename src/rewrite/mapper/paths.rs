@@ -234,6 +234,20 @@ pub fn logical(parent: &[String], p: &str) -> Vec<String> {
 /// aggregation and schema rewriters, which may refuse them).
 pub type Special<'a> = &'a dyn Fn(&str, &Bson) -> Result<Bson, ProxyError>;
 
+/// The clauses of an `$and`, `$or` or `$nor`, each document rewritten by
+/// `f` (anything else left for the server to refuse).
+pub(super) fn clauses(
+    a: &[Bson],
+    mut f: impl FnMut(&Document) -> Result<Document, ProxyError>,
+) -> Result<Vec<Bson>, ProxyError> {
+    a.iter()
+        .map(|s| match s {
+            Bson::Document(d) => f(d).map(Bson::Document),
+            other => Ok(other.clone()),
+        })
+        .collect()
+}
+
 /// A query filter relative to `parent`; its `$expr` and `$jsonSchema` are
 /// rewritten by `expr`.
 pub fn filter(
@@ -248,15 +262,7 @@ pub fn filter(
         match k.as_str() {
             "$and" | "$or" | "$nor" => {
                 let subs = match v {
-                    Bson::Array(a) => a
-                        .iter()
-                        .map(|s| match s {
-                            Bson::Document(d) => {
-                                filter(d, parent, policy, names, expr).map(Bson::Document)
-                            }
-                            other => Ok(other.clone()),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?,
+                    Bson::Array(a) => clauses(a, |d| filter(d, parent, policy, names, expr))?,
                     _ => Vec::new(),
                 };
                 out.insert(k.clone(), subs);

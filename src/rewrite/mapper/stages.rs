@@ -217,13 +217,7 @@ impl Mapper<'_> {
         for (k, v) in f {
             match (k.as_str(), v) {
                 ("$and" | "$or" | "$nor", Bson::Array(a)) => {
-                    let subs = a
-                        .iter()
-                        .map(|x| match x {
-                            Bson::Document(d) => self.event_filter(d).map(Bson::Document),
-                            other => Ok(other.clone()),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
+                    let subs = super::paths::clauses(a, |d| self.event_filter(d))?;
                     out.insert(k.clone(), subs);
                 }
                 (op, _) if op.starts_with('$') => {

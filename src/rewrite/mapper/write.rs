@@ -3,7 +3,9 @@
 
 use bson::{Bson, Document};
 
-use super::paths::{condition, document, logical, logical_parts, path, paths_document, value_at};
+use super::paths::{
+    clauses, condition, document, logical, logical_parts, path, paths_document, value_at,
+};
 use super::Mapper;
 use crate::error::ProxyError;
 use crate::token::{Migration, Names, Policy};
@@ -217,13 +219,7 @@ impl Mapper<'_> {
         for (k, v) in d {
             match (k.as_str(), v) {
                 ("$and" | "$or" | "$nor", Bson::Array(subs)) => {
-                    let subs = subs
-                        .iter()
-                        .map(|s| match s {
-                            Bson::Document(s) => self.array_filter(s, scopes).map(Bson::Document),
-                            other => Ok(other.clone()),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
+                    let subs = clauses(subs, |d| self.array_filter(d, scopes))?;
                     out.insert(k.clone(), subs);
                 }
                 (k, _) if k.starts_with('$') => {
