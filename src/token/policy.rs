@@ -71,9 +71,7 @@ impl Policy {
         if self.min_len > 0 && key.len() >= self.min_len {
             return true;
         }
-        self.custom_paths
-            .iter()
-            .any(|p| parent.len() >= p.len() && p.iter().zip(parent).all(|(a, b)| a == b))
+        self.custom_paths.iter().any(|p| is_prefix(p, parent))
     }
 
     /// Whether names below the logical paths `a` and `b` are stored alike:
@@ -86,19 +84,15 @@ impl Policy {
         if a == b {
             return true;
         }
-        // The part of `path` below `at`, if `path` starts with `at`.
-        let below = |path: &[String], at: &[&str]| -> Option<Vec<String>> {
-            (path.len() >= at.len() && path.iter().zip(at).all(|(x, y)| x == y))
-                .then(|| path[at.len()..].to_vec())
-        };
         // Above `at`: a custom-attribute path holding it.
-        let covered = |at: &[&str]| {
-            self.custom_paths
-                .iter()
-                .any(|c| c.len() <= at.len() && c.iter().zip(at).all(|(x, y)| x == y))
-        };
+        let covered = |at: &[&str]| self.custom_paths.iter().any(|c| is_prefix(c, at));
+        // What of `paths` lies below `at`, relative to it.
         let reach = |paths: &[Vec<String>], at: &[&str]| -> Vec<Vec<String>> {
-            let mut r: Vec<Vec<String>> = paths.iter().filter_map(|p| below(p, at)).collect();
+            let mut r: Vec<Vec<String>> = paths
+                .iter()
+                .filter(|p| is_prefix(at, p))
+                .map(|p| p[at.len()..].to_vec())
+                .collect();
             r.sort();
             r
         };
@@ -118,9 +112,8 @@ impl Policy {
     /// path. (An attribute's own value, below a custom-attribute path, is
     /// most often a scalar.)
     pub fn stores_apart<A: AsRef<str>>(&self, a: &[A]) -> bool {
-        let starts =
-            |p: &[String]| p.len() >= a.len() && p.iter().zip(a).all(|(x, y)| x == y.as_ref());
-        self.custom_paths.iter().any(|c| starts(c)) || self.value_paths.iter().any(|v| starts(v))
+        self.custom_paths.iter().any(|c| is_prefix(a, c))
+            || self.value_paths.iter().any(|v| is_prefix(a, v))
     }
 
     /// Whether the names of `path`, read from a document at any depth (as
@@ -140,6 +133,15 @@ impl Policy {
             .any(|v| v.last().map(String::as_str) == parts.last().copied());
         !(id || custom || value)
     }
+}
+
+/// Whether the path `prefix` starts the path `path` (or is it).
+fn is_prefix<A: AsRef<str>, B: AsRef<str>>(prefix: &[A], path: &[B]) -> bool {
+    prefix.len() <= path.len()
+        && prefix
+            .iter()
+            .zip(path)
+            .all(|(a, b)| a.as_ref() == b.as_ref())
 }
 
 /// The policy of every namespace: a default, overridden per database
