@@ -12,6 +12,18 @@ pub struct Policy {
     pub value_paths: Vec<Vec<String>>,
     /// Databases never tokenized (the system ones and the store's own).
     pub excluded_dbs: Vec<String>,
+    /// Keys stored as they are whatever the rules above say, each by its
+    /// full logical path: `_id` at the top where names of 1 to 3 bytes are
+    /// tokenized, and, between an aggregation's stages, the names the
+    /// server makes and keys moved from where they were stored so.
+    pub plain_keys: Vec<Vec<String>>,
+    /// Between an aggregation's stages: below these paths every key is
+    /// stored as it is (the server made the document, or a `$literal` did).
+    pub plain_below: Vec<Vec<String>>,
+    /// Between an aggregation's stages: places holding documents of mixed
+    /// stored forms, below which no name can be rewritten (see
+    /// [`crate::token::layout`]).
+    pub opaque: Vec<Vec<String>>,
 }
 
 impl Policy {
@@ -27,6 +39,15 @@ impl Policy {
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),
+            // `_id` at the top is left as it is; only names of 1 to 3 bytes
+            // would make it a token (custom paths never hold the top).
+            plain_keys: if (1..=3).contains(&min_len) {
+                vec![vec!["_id".to_owned()]]
+            } else {
+                Vec::new()
+            },
+            plain_below: Vec::new(),
+            opaque: Vec::new(),
         }
     }
 
@@ -65,55 +86,24 @@ impl Policy {
     /// [`Policy::tokenizes`] for a key given as bytes.
     #[inline]
     pub fn tokenizes_key(&self, parent: &[&str], key: &[u8]) -> bool {
-        if key.is_empty() || key[0] == b'$' || (parent.is_empty() && key == b"_id") {
+        if key.is_empty() || key[0] == b'$' {
             return false;
         }
+        if self.plain_keys.iter().any(|p| is_key(p, parent, key))
+            || self.plain_below.iter().any(|p| is_prefix(p, parent))
+        {
+            return false;
+        }
+        self.tokenizes_by_rule(parent, key)
+    }
+
+    /// [`Policy::tokenizes_key`] by length and custom paths alone.
+    #[inline]
+    pub(super) fn tokenizes_by_rule(&self, parent: &[&str], key: &[u8]) -> bool {
         if self.min_len > 0 && key.len() >= self.min_len {
             return true;
         }
         self.custom_paths.iter().any(|p| is_prefix(p, parent))
-    }
-
-    /// Whether names below the logical paths `a` and `b` are stored alike:
-    /// the same custom-attribute paths reach below both, the same value
-    /// paths, and `_id` is at the top below both or neither (names of 1 to
-    /// 3 bytes are tokenized elsewhere).
-    pub fn same_below<A: AsRef<str>, B: AsRef<str>>(&self, a: &[A], b: &[B]) -> bool {
-        let a: Vec<&str> = a.iter().map(AsRef::as_ref).collect();
-        let b: Vec<&str> = b.iter().map(AsRef::as_ref).collect();
-        if a == b {
-            return true;
-        }
-        // Above `at`: a custom-attribute path holding it.
-        let covered = |at: &[&str]| self.custom_paths.iter().any(|c| is_prefix(c, at));
-        // What of `paths` lies below `at`, relative to it.
-        let reach = |paths: &[Vec<String>], at: &[&str]| -> Vec<Vec<String>> {
-            let mut r: Vec<Vec<String>> = paths
-                .iter()
-                .filter(|p| is_prefix(at, p))
-                .map(|p| p[at.len()..].to_vec())
-                .collect();
-            r.sort();
-            r
-        };
-        let custom = match (covered(&a), covered(&b)) {
-            (true, true) => true,
-            (false, false) => reach(&self.custom_paths, &a) == reach(&self.custom_paths, &b),
-            _ => false,
-        };
-        custom
-            && reach(&self.value_paths, &a) == reach(&self.value_paths, &b)
-            && !((1..=3).contains(&self.min_len) && a.is_empty() != b.is_empty())
-    }
-
-    /// Whether the logical path `a` holds names or values stored in a form
-    /// of their own: it is, or holds, a custom-attribute path (whose
-    /// attributes' names are tokenized whatever their length) or a value
-    /// path. (An attribute's own value, below a custom-attribute path, is
-    /// most often a scalar.)
-    pub fn stores_apart<A: AsRef<str>>(&self, a: &[A]) -> bool {
-        self.custom_paths.iter().any(|c| is_prefix(a, c))
-            || self.value_paths.iter().any(|v| is_prefix(a, v))
     }
 
     /// Whether the names of `path`, read from a document at any depth (as
@@ -125,7 +115,12 @@ impl Policy {
     pub fn same_at_every_depth(&self, path: &str) -> bool {
         let parts: Vec<&str> = path.split('.').collect();
         let short = |p: &str| !p.starts_with('$') && (self.min_len == 0 || p.len() < self.min_len);
-        let id = (1..=3).contains(&self.min_len) && parts.contains(&"_id");
+        let id = self
+            .plain_keys
+            .iter()
+            .any(|k| k.last().is_some_and(|l| parts.contains(&l.as_str())))
+            || !self.plain_below.is_empty()
+            || !self.opaque.is_empty();
         let custom = !self.custom_paths.is_empty() && parts.iter().any(|p| short(p));
         let value = self
             .value_paths
@@ -135,8 +130,32 @@ impl Policy {
     }
 }
 
+/// Whether one of `places` is `at` or holds it.
+pub(super) fn covered_by<A: AsRef<str>>(places: &[Vec<String>], at: &[A]) -> bool {
+    places.iter().any(|p| is_prefix(p, at))
+}
+
+/// The keys of `keys` strictly below `at`, relative to it, sorted.
+pub(super) fn below<A: AsRef<str>>(keys: &[Vec<String>], at: &[A]) -> Vec<Vec<String>> {
+    let mut r: Vec<Vec<String>> = keys
+        .iter()
+        .filter(|k| k.len() > at.len() && is_prefix(at, k))
+        .map(|k| k[at.len()..].to_vec())
+        .collect();
+    r.sort();
+    r
+}
+
+/// Whether the full path `path` names the key `key` under `parent`.
+#[inline]
+fn is_key(path: &[String], parent: &[&str], key: &[u8]) -> bool {
+    path.len() == parent.len() + 1
+        && path.last().is_some_and(|k| k.as_bytes() == key)
+        && is_prefix(parent, path)
+}
+
 /// Whether the path `prefix` starts the path `path` (or is it).
-fn is_prefix<A: AsRef<str>, B: AsRef<str>>(prefix: &[A], path: &[B]) -> bool {
+pub(super) fn is_prefix<A: AsRef<str>, B: AsRef<str>>(prefix: &[A], path: &[B]) -> bool {
     prefix.len() <= path.len()
         && prefix
             .iter()
@@ -438,7 +457,7 @@ mod tests {
     fn names_below_two_places_are_stored_alike_or_not() {
         let p = Policy::new(4, &["custom".into(), "meta.nested".into()], "laconic")
             .with_value_paths(&["tags".into(), "place.city".into()]);
-        let same = |a: &[&str], b: &[&str]| p.same_below(a, b);
+        let same = |a: &[&str], b: &[&str]| p.subtree(a) == p.subtree(b);
         assert!(same(&["x"], &["y", "z"]));
         assert!(
             same(&["custom"], &["custom", "x"]),
@@ -459,17 +478,13 @@ mod tests {
         );
         let short = Policy::new(2, &[], "laconic");
         assert!(
-            !short.same_below(&[] as &[&str], &["doc"]),
+            short.subtree::<&str>(&[]) != short.subtree(&["doc"]),
             "_id at the top only"
         );
-        assert!(short.same_below(&["a"], &["b", "c"]));
-        assert!(p.stores_apart(&["custom"]) && p.stores_apart(&["meta"]));
-        assert!(!p.stores_apart(&["custom", "x"]), "an attribute's value");
-        assert!(p.stores_apart(&["place"]) && p.stores_apart(&[] as &[&str]));
-        assert!(!p.stores_apart(&["other"]) && !p.stores_apart(&["meta", "b"]));
+        assert!(short.subtree(&["a"]) == short.subtree(&["b", "c"]));
         let long = Policy::new(4, &[], "laconic");
         assert!(
-            long.same_below(&[] as &[&str], &["doc"]),
+            long.subtree::<&str>(&[]) == long.subtree(&["doc"]),
             "min_len 4 leaves _id alike"
         );
     }

@@ -38,7 +38,8 @@ fn customers() -> Vec<Document> {
             "portfolio": portfolio.to_vec(),
             "score": score,
             "joined": date(&format!("2023-0{}-1{}T00:00:00Z", 1 + score % 9, score % 10)),
-            "custom": {"Favorite Player": format!("player {score}"), "Loyalty Tier": tier},
+            "custom": {"Favorite Player": format!("player {score}"), "Loyalty Tier": tier, "vip": score > 8},
+            "count": score % 4,
             "address": {"city": city, "postcode": format!("{}", 89000 + score), "location": {"type": "Point", "coordinates": [lon, 39.5]}},
             "orders": [
                 {"item": "book", "quantity": 1 + score % 3, "price": 12.5},
@@ -452,6 +453,77 @@ fn corpus() -> Vec<Case> {
                 doc! {"$sort": {"firstname": 1}},
             ],
         ),
+        // Stages after one that moved documents: their fields are named in
+        // the form they were stored in, not in that of their new place
+        // (`vip`, a short name, is a token only below `custom`; `count` is
+        // a stored name, and the one `$sortByCount` makes is not).
+        case(
+            "a custom subtree made the top, then matched",
+            "customers",
+            vec![
+                doc! {"$replaceRoot": {"newRoot": "$custom"}},
+                doc! {"$match": {"vip": true}},
+                doc! {"$sort": {"Favorite Player": 1}},
+            ],
+        ),
+        case(
+            "a custom subtree moved, then sorted below its new place",
+            "customers",
+            vec![
+                doc! {"$project": {"c": "$custom"}},
+                doc! {"$sort": {"c.vip": -1, "_id": 1}},
+            ],
+        ),
+        case(
+            "documents joined under as, then matched below it",
+            "customers",
+            vec![
+                doc! {"$lookup": {"from": "customers", "localField": "region", "foreignField": "region", "as": "peers"}},
+                doc! {"$unwind": "$peers"},
+                doc! {"$match": {"peers.custom.vip": true}},
+                doc! {"$project": {"peer": "$peers._id"}},
+                doc! {"$sort": {"_id": 1, "peer": 1}},
+            ],
+        ),
+        case(
+            "a facet's documents, matched below it",
+            "customers",
+            vec![
+                doc! {"$facet": {"vips": [{"$match": {"custom.vip": true}}]}},
+                doc! {"$unwind": "$vips"},
+                doc! {"$match": {"vips.custom.vip": true}},
+                doc! {"$project": {"id": "$vips._id"}},
+            ],
+        ),
+        case(
+            "whole documents pushed, then matched below",
+            "customers",
+            vec![
+                doc! {"$group": {"_id": "$region", "docs": {"$push": "$$ROOT"}}},
+                doc! {"$unwind": "$docs"},
+                doc! {"$match": {"docs.custom.vip": true}},
+                doc! {"$project": {"id": "$docs._id"}},
+                doc! {"$sort": {"id": 1}},
+            ],
+        ),
+        case(
+            "the count $sortByCount makes",
+            "customers",
+            vec![
+                doc! {"$sortByCount": "$region"},
+                doc! {"$match": {"count": {"$gte": 2}}},
+                doc! {"$sort": {"_id": 1}},
+            ],
+        ),
+        case(
+            "either of two forms, named where they agree",
+            "customers",
+            vec![
+                doc! {"$set": {"either": {"$ifNull": ["$nothing", "$custom"]}}},
+                doc! {"$sort": {"either.Loyalty Tier": 1, "_id": 1}},
+                doc! {"$project": {"either": 1}},
+            ],
+        ),
         case(
             "lookup local/foreign",
             "customers",
@@ -852,6 +924,20 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         );
         assert_eq!(e.message, format!("laconic: {message}"), "{stage}");
     }
+    // A stage naming fields that an earlier stage left stored in two forms.
+    let err = c
+        .aggregate(vec![
+            doc! {"$set": {"x": {"$ifNull": ["$long_name", {"$literal": {"inner": 2}}]}}},
+            doc! {"$match": {"x.inner": 2}},
+        ])
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
+        panic!("{err}")
+    };
+    assert_eq!(e.code, 115);
+    assert_eq!(e.message, "laconic: the stage $match naming fields below x (an earlier stage put documents there that store them in more than one form) cannot be rewritten to tokenized names");
     // Unknown commands are refused too, unless declared free of names.
     let err = db
         .run_command(doc! {"madeUpCommand": "c", "long_name": 1})

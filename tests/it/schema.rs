@@ -8,10 +8,19 @@ use mongodb::{Database, IndexModel};
 use crate::common::{self, db_name};
 
 async fn twins(test: &str) -> (laconic::downstream::ProxyHandle, Database, Database) {
+    twins_with(test, Vec::new()).await
+}
+
+/// [`twins`], with settings of their own for some namespaces.
+async fn twins_with(
+    test: &str,
+    namespaces: Vec<laconic::config::NamespaceTokenize>,
+) -> (laconic::downstream::ProxyHandle, Database, Database) {
     let mut config = common::proxy_config(&common::upstream().uri);
     config.tokenize.min_len = 5;
     config.tokenize.custom_paths = vec!["custom".into()];
     config.tokenize.store_db = db_name(test, "store");
+    config.tokenize.namespaces = namespaces;
     let proxy = common::start(config).await;
     let via = common::via_proxy(&proxy)
         .await
@@ -104,7 +113,14 @@ async fn index_lifecycle_matches_the_twin() {
 
 #[tokio::test]
 async fn validators_and_views_match_the_twin() {
-    let (_proxy, via, direct) = twins("val").await;
+    // The view below puts a custom attribute's value at `tier_level`: its
+    // settings say that what is below it is a custom attribute's.
+    let view = laconic::config::NamespaceTokenize {
+        namespace: format!("{}.member_emails", db_name("val", "proxy")),
+        custom_paths: Some(vec!["custom".into(), "tier_level".into()]),
+        ..Default::default()
+    };
+    let (_proxy, via, direct) = twins_with("val", vec![view]).await;
     let mut seen = Vec::new();
     for db in [&via, &direct] {
         db.run_command(doc! {
@@ -179,6 +195,25 @@ async fn validators_and_views_match_the_twin() {
     );
     assert!(seen[0].1, "the collMod validator rejects tier 0");
     assert_eq!(seen[0].2.len(), 1);
+    // Without those settings, queries below `tier_level` would name its
+    // fields in the wrong form: such a view is refused.
+    let err = via
+        .run_command(doc! {
+            "create": "member_tiers",
+            "viewOn": "members",
+            "pipeline": [{"$project": {"tier_level": "$custom.Loyalty Tier"}}],
+        })
+        .await
+        .unwrap_err();
+    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
+        panic!("{err}")
+    };
+    assert_eq!((e.code, e.code_name.as_str()), (115, "CommandNotSupported"));
+    assert!(
+        e.message.starts_with("laconic: a view whose documents store names at tier_level otherwise than its own tokenize settings say"),
+        "{}",
+        e.message
+    );
 }
 
 /// The next change event, as the driver gives it, without what differs

@@ -13,6 +13,8 @@ findAndModify; distinct; counts; bulk writes; indexes (unique ones, whose
 duplicate key errors name fields). With `wide`, also: expressions with
 variables (`$map`, `$filter`, `$reduce`, `$let`, `$cond`, `$switch`),
 keys made from data (`$arrayToObject`), `$graphLookup`, `$unionWith`,
+documents moved before a stage that names their fields (`$replaceRoot`,
+`$$ROOT` under a name, `$lookup` then `$unwind`, `$sortByCount`'s `count`),
 `$setWindowFields`, `$redact`, `$sortArray`, `$top`, `$out` and `$merge`
 (whose target collection is compared too), positional and all-positional
 updates, replacements, and compound, partial and wildcard indexes.
@@ -51,7 +53,7 @@ NAMES = ["firstName", "lastName", "emailAddress", "purchaseHistory", "productCat
          "amountSpent", "address", "location", "city", "zip", "tags", "custom", "a", "b", "x",
          "Custom Attribute 01", "Favourite Team", "n", "score", "items", "qty", "price", "meta",
          "créé", "名前", "level", "nested", "\x01x", "\x1fesc", "\x7fdel", "\x02", "e\x01mbedded",
-         "sp ace", "tab\tname"]
+         "sp ace", "tab\tname", "count"]
 ODD = ["a.b", "$dollar", ""]
 READS = ("find", "agg", "distinct", "count", "hint", "indexes")
 
@@ -184,7 +186,7 @@ def update():
 def pipeline():
     stages = []
     for _ in range(R.randrange(1, 4)):
-        k = R.randrange(34 if WIDE else 18)
+        k = R.randrange(38 if WIDE else 18)
         if k == 0:
             stages.append({"$match": filt()})
         elif k == 1:
@@ -228,7 +230,8 @@ def pipeline():
             stages.append({"$match": {"$jsonSchema": {"required": [R.choice(NAMES)],
                                                       "properties": {R.choice(NAMES): {"bsonType": "string"}}}}})
         elif k >= 18:
-            stages.append(wide_stage(k - 18))
+            drawn = wide_stage(k - 18)
+            stages.extend(drawn if isinstance(drawn, list) else [drawn])
         else:
             stages.append({"$sort": {"_id": -1}})
     return stages
@@ -307,6 +310,15 @@ def wide_stage(k):
         return {"$project": {q: {R.choice(NAMES): 1}, "_id": 1}}
     if k == 14:
         return {"$addFields": {n + "." + R.choice(NAMES): "$" + q}}
+    if k == 16:  # documents moved: later stages name fields below their new place
+        return {"$replaceRoot": {"newRoot": "$" + q}}
+    if k == 17:
+        return [{"$addFields": {n: "$$ROOT"}}, {"$match": {n + "." + path(): value(1)}}]
+    if k == 18:
+        return [{"$lookup": {"from": "o", "localField": path(), "foreignField": path(), "as": n}},
+                {"$unwind": "$" + n}, {"$sort": {n + "." + path(): 1, "_id": 1}}]
+    if k == 19:  # names the server makes
+        return [{"$sortByCount": "$" + q}, {"$match": {"count": {"$gte": 1}}}]
     return {"$project": {"keys": {"$map": {"input": {"$objectToArray": "$$ROOT"}, "in": "$$this.k"}}}}
 
 

@@ -9,7 +9,7 @@ use super::{refuse, Mapper};
 use crate::error::ProxyError;
 
 /// Variables that are not paths into a document.
-const SYSTEM_VARIABLES: &[&str] = &[
+pub(super) const SYSTEM_VARIABLES: &[&str] = &[
     "NOW",
     "CLUSTER_TIME",
     "REMOVE",
@@ -228,26 +228,13 @@ impl Mapper<'_> {
         used: Use,
     ) -> Result<Bson, ProxyError> {
         Ok(match e {
-            Bson::String(s) if s.starts_with("$$") => {
-                if let Some(p) = s
-                    .strip_prefix("$$ROOT")
-                    .or_else(|| s.strip_prefix("$$CURRENT"))
-                {
-                    if used == Use::Moved && (p.is_empty() || p.starts_with('.')) {
-                        self.check_stored_move(p.trim_start_matches('.'), out)?;
-                    }
-                }
-                Bson::String(self.variable(s, vars))
-            }
+            Bson::String(s) if s.starts_with("$$") => Bson::String(self.variable(s, vars)),
             Bson::String(s) if s.starts_with('$') => {
                 let p = &s[1..];
                 if used == Use::Computed && self.policy.is_value_path(&logical(&[], p)) {
                     return Err(refuse(&format!(
                         "an expression computing on the tokenized value path {p}"
                     )));
-                }
-                if used == Use::Moved {
-                    self.check_stored_move(p, out)?;
                 }
                 Bson::String(format!("${}", self.path(p, &[])))
             }
@@ -281,35 +268,6 @@ impl Mapper<'_> {
             },
             other => other.clone(),
         })
-    }
-
-    /// A subtree moved from the path `p` to `out` keeps the stored form of
-    /// its names, which is that of `p`'s place. Where the documents are
-    /// stored, a subtree stored in a form of its own (custom attributes,
-    /// value tokens), or any document made the top one, may not move to a
-    /// place that stores names otherwise: the stored documents would hold
-    /// names in a form no later query finds. (Other values moved, most
-    /// often scalars, go; a document of short names moved into a
-    /// custom-attribute path keeps its plain form, as the README says.)
-    fn check_stored_move(&self, p: &str, out: &[String]) -> Result<(), ProxyError> {
-        let from = if p.is_empty() {
-            Vec::new()
-        } else {
-            logical(&[], p)
-        };
-        let names_move = out.is_empty() || self.policy.stores_apart(&from);
-        if !self.stores_documents || !names_move || self.policy.same_below(&from, out) {
-            return Ok(());
-        }
-        let place = |p: &[String]| match p {
-            [] => "the top".to_owned(),
-            p => p.join("."),
-        };
-        Err(refuse(&format!(
-            "moving {} to {} where the documents are stored (the names below each are stored otherwise)",
-            place(&from),
-            place(out)
-        )))
     }
 
     /// `$$ROOT.a`, `$$CURRENT.a`, `$$var.a`: the path after the variable is

@@ -15,6 +15,7 @@
 //! names looked up again, before the command is rewritten once more.
 
 mod expr;
+mod flow;
 pub mod paths;
 mod query;
 pub mod raw;
@@ -144,6 +145,15 @@ impl<'a> Mapper<'a> {
         }
     }
 
+    /// This mapper for documents stored as `layout` says (a pipeline's,
+    /// between two stages).
+    pub(super) fn with_layout<'s>(&'s self, layout: &'s Policy) -> Mapper<'s> {
+        Mapper {
+            policy: layout,
+            ..*self
+        }
+    }
+
     /// This mapper for names that are stored (their misses get tokens).
     pub(super) fn storing(&self) -> Mapper<'a> {
         Mapper {
@@ -227,9 +237,22 @@ impl<'a> Mapper<'a> {
                 }
                 Slot::View { on, pipeline } => {
                     // A view's pipeline runs on the collection it is defined on.
+                    // Queries on the view are rewritten under the view's own
+                    // policy: its documents must store names that way.
+                    let view = self.policies.get(self.db, collection_of(body));
                     let source = body.get_str(on).map(|v| self.for_collection(v));
                     if let (Ok(source), Ok(stages)) = (source, body.get_array_mut(pipeline)) {
-                        source.pipeline(stages)?;
+                        let layouts = source.pipeline(stages)?;
+                        let place = match &layouts[..] {
+                            [] => source.policy.differs_from(view),
+                            ls => ls.iter().find_map(|l| l.differs_from(view)),
+                        };
+                        if let Some(place) = place {
+                            return Err(ProxyError::Unsupported(format!(
+                                "a view whose documents store names at {} otherwise than its own tokenize settings say (its pipeline moved them there, or it reads a collection tokenized otherwise) cannot be queried correctly: give the view settings of its own in [[proxy.tokenize.namespaces]] that say how its documents store them",
+                                stages::place_name(&place)
+                            )));
+                        }
                     }
                 }
                 Slot::Explain(k) => {

@@ -19,19 +19,27 @@ use super::paths::logical;
 use super::query::is_flag;
 use super::{each_field, refuse, Mapper};
 use crate::error::ProxyError;
+use crate::token::Policy;
 
 impl Mapper<'_> {
     /// A pipeline of the collection this `Tok` is for. One that opens a
-    /// change stream works on change events instead.
-    pub(super) fn pipeline(&self, stages: &mut [Bson]) -> Result<(), ProxyError> {
+    /// change stream works on change events instead. Returns the layouts
+    /// of the documents it outputs where its stages changed them (none:
+    /// stored as the collection stores them).
+    pub(super) fn pipeline(&self, stages: &mut [Bson]) -> Result<Vec<Policy>, ProxyError> {
         let opens_stream = stages
             .first()
             .and_then(Bson::as_document)
             .and_then(|s| s.keys().next())
             .is_some_and(|k| k == "$changeStream");
         if opens_stream {
-            return self.change_stream(&mut stages[1..]);
+            return self.change_stream(&mut stages[1..]).map(|()| Vec::new());
         }
+        // Each stage reads documents stored as the stages before it left
+        // them (none: as the collection stores them); where they may be
+        // stored in more than one form, it is rewritten under each, and
+        // must come out the same.
+        let mut layouts: Vec<Policy> = Vec::new();
         for stage in stages.iter_mut() {
             let Bson::Document(stage) = stage else {
                 continue;
@@ -39,10 +47,57 @@ impl Mapper<'_> {
             let Some((name, arg)) = stage.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
                 continue;
             };
-            let new = self.stage(&name, &arg)?;
-            stage.insert(name, new);
+            if matches!(name.as_str(), "$out" | "$merge") {
+                self.stored_as_read(&layouts)?;
+            }
+            let current = if layouts.is_empty() {
+                std::slice::from_ref(self.policy)
+            } else {
+                &layouts[..]
+            };
+            let mut mapped: Option<Bson> = None;
+            for l in current {
+                let m = self.with_layout(l);
+                m.check_opaque(&name, &arg)?;
+                let new = m.stage(&name, &arg)?;
+                match &mapped {
+                    Some(first) if *first != new => {
+                        let place = current[0].differs_from(l).unwrap_or_default();
+                        return Err(refuse(&format!(
+                            "the stage {name} naming fields below {} (an earlier stage put documents there that store them in more than one form)",
+                            place_name(&place)
+                        )));
+                    }
+                    Some(_) => {}
+                    None => mapped = Some(new),
+                }
+            }
+            let next = self.next_layouts(current, &name, &arg);
+            if let Some(new) = mapped {
+                stage.insert(name, new);
+            }
+            layouts = if next.len() == 1 && next[0] == *self.policy {
+                Vec::new()
+            } else {
+                next
+            };
         }
-        Ok(())
+        self.stored_as_read(&layouts)?;
+        Ok(layouts)
+    }
+
+    /// Documents a pipeline stores keep the form the collection stores
+    /// them in (`$out`, `$merge` and pipeline updates): refused if an
+    /// earlier stage moved names to a place that stores them otherwise.
+    fn stored_as_read(&self, layouts: &[Policy]) -> Result<(), ProxyError> {
+        let moved = layouts.iter().find_map(|l| l.differs_from(self.policy));
+        match moved {
+            Some(place) if self.stores_documents => Err(refuse(&format!(
+                "documents stored with names an earlier stage moved to {} from a place that stores them otherwise",
+                place_name(&place)
+            ))),
+            _ => Ok(()),
+        }
     }
 
     pub(super) fn stage(&self, name: &str, arg: &Bson) -> Result<Bson, ProxyError> {
@@ -407,7 +462,11 @@ impl Mapper<'_> {
 
     /// The collection a `$lookup` or `$graphLookup` reads (`from`): one of
     /// this database, or `{db, coll}` of another.
-    fn from<'s>(&'s self, stage: &str, spec: &'s Document) -> Result<Mapper<'s>, ProxyError> {
+    pub(super) fn from<'s>(
+        &'s self,
+        stage: &str,
+        spec: &'s Document,
+    ) -> Result<Mapper<'s>, ProxyError> {
         Ok(match spec.get("from") {
             Some(Bson::String(c)) => self.for_collection(c),
             Some(Bson::Document(ns)) => self.foreign_namespace(stage, ns)?,
@@ -655,5 +714,13 @@ fn relative_paths<'e>(e: &'e Bson, out: &mut Vec<&'e str>) {
             }
         }
         _ => {}
+    }
+}
+
+/// A logical path as error texts name it.
+pub(super) fn place_name(place: &[String]) -> String {
+    match place {
+        [] => "the top".to_owned(),
+        p => p.join("."),
     }
 }

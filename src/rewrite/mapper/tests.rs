@@ -508,10 +508,11 @@ fn joins_between_value_tokens_and_strings_are_refused() {
 
 /// A subtree moved by an expression keeps the stored form of the place it
 /// came from. Where the result is stored (a pipeline update, `$out`,
-/// `$merge`), moving it between places that store names otherwise (out of
-/// a custom-attribute path, say, whose short names are tokenized) is
-/// refused; a read, whose reply is expanded by the tokens' shape alone,
-/// goes on.
+/// `$merge`), the documents must store their names as the collection does:
+/// a move between places that store names otherwise (out of a
+/// custom-attribute path, whose short names are tokenized, say; or another
+/// collection's documents joined under a name) is refused. A read, whose
+/// reply is expanded by the tokens' shape alone, goes on.
 #[test]
 fn a_stored_move_between_places_that_store_names_otherwise_is_refused() {
     let policies = Policies::new(Policy::new(4, &["custom".into()], "laconic"));
@@ -526,20 +527,60 @@ fn a_stored_move_between_places_that_store_names_otherwise_is_refused() {
     let aggregate = |pipeline: Vec<Document>| {
         run(doc! {"aggregate": "c", "$db": "app", "cursor": {}, "pipeline": pipeline})
     };
-    let refused = |r: Result<(), ProxyError>| {
+    let refused = |r: Result<(), ProxyError>, at: &str| {
         let e = r.unwrap_err().to_string();
-        assert!(e.contains("where the documents are stored"), "{e}");
+        assert!(
+            e.contains(&format!("an earlier stage moved to {at} from a place")),
+            "{e}"
+        );
     };
-    refused(update(vec![doc! {"$set": {"moved": "$custom"}}]));
-    refused(update(vec![doc! {"$replaceWith": "$custom.sub"}]));
-    refused(aggregate(vec![
-        doc! {"$project": {"c": "$$ROOT.custom"}},
-        doc! {"$merge": {"into": "m"}},
-    ]));
-    refused(aggregate(vec![
-        doc! {"$replaceRoot": {"newRoot": "$custom"}},
-        doc! {"$out": "m"},
-    ]));
+    refused(update(vec![doc! {"$set": {"moved": "$custom"}}]), "moved");
+    refused(
+        update(vec![doc! {"$replaceWith": "$custom.sub"}]),
+        "the top",
+    );
+    refused(
+        aggregate(vec![
+            doc! {"$project": {"c": "$$ROOT.custom"}},
+            doc! {"$merge": {"into": "m"}},
+        ]),
+        "c",
+    );
+    refused(
+        aggregate(vec![
+            doc! {"$replaceRoot": {"newRoot": "$custom"}},
+            doc! {"$out": "m"},
+        ]),
+        "the top",
+    );
+    // An attribute's value is a custom attribute's subtree wherever it
+    // goes, and a plain document stays plain inside a custom path.
+    refused(
+        update(vec![doc! {"$set": {"custom.copy": "$other"}}]),
+        "custom.copy",
+    );
+    refused(
+        aggregate(vec![
+            doc! {"$project": {"tier": "$custom.Loyalty Tier"}},
+            doc! {"$merge": {"into": "m"}},
+        ]),
+        "tier",
+    );
+    // Whole documents moved under a name: the top's custom path with them.
+    refused(
+        aggregate(vec![
+            doc! {"$lookup": {"from": "d", "localField": "a", "foreignField": "b", "as": "j"}},
+            doc! {"$out": "m"},
+        ]),
+        "j.custom",
+    );
+    refused(
+        aggregate(vec![
+            doc! {"$group": {"_id": "$k", "docs": {"$push": "$$ROOT"}}},
+            doc! {"$out": "m"},
+        ]),
+        "docs.custom",
+    );
     // Within the same kind of place, or only read: rewritten.
     update(vec![
         doc! {"$set": {"custom.copy": "$custom.sub", "b": "$a"}},
@@ -550,15 +591,114 @@ fn a_stored_move_between_places_that_store_names_otherwise_is_refused() {
     ])
     .unwrap();
     aggregate(vec![doc! {"$replaceRoot": {"newRoot": "$custom"}}]).unwrap();
-    // From a plain place, or an attribute's value (most often a scalar).
-    update(vec![doc! {"$set": {"custom.copy": "$other"}}]).unwrap();
+    aggregate(vec![doc! {"$merge": {"into": "c", "whenMatched": [
+        {"$replaceWith": {"$mergeObjects": ["$$ROOT", "$$new"]}},
+    ]}}])
+    .unwrap();
     aggregate(vec![
-        doc! {"$project": {"tier": "$custom.Loyalty Tier"}},
-        doc! {"$merge": {"into": "m"}},
+        doc! {"$group": {"_id": "$k", "n": {"$sum": 1}, "first": {"$first": "$a"}}},
+        doc! {"$out": "m"},
     ])
     .unwrap();
-    // A view stores its pipeline, not documents.
-    run(doc! {"create": "v", "$db": "app", "viewOn": "c",
+    // A view is queried under its own settings: one whose pipeline moves
+    // names where they are stored otherwise is refused when it is made.
+    let e = run(doc! {"create": "v", "$db": "app", "viewOn": "c",
     "pipeline": [{"$project": {"moved": "$custom"}}]})
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("a view whose documents store names at moved otherwise than its own tokenize settings say"),
+        "{e}"
+    );
+    run(doc! {"create": "v", "$db": "app", "viewOn": "c",
+    "pipeline": [{"$match": {"custom.qty": 1}}, {"$project": {"moved": "$a"}}]})
     .unwrap();
+}
+
+/// A stage after one that moved documents names their fields in the form
+/// they were stored in: below a custom-attribute subtree made the top,
+/// below another collection's documents joined under `as`, below names
+/// the server makes (`count`), and below a place given documents of two
+/// forms, not at all.
+#[test]
+fn later_stages_name_moved_fields_in_their_stored_form() {
+    let policies = Policies::new(Policy::new(4, &["custom".into()], "laconic"));
+    let mut dict = Dictionary::default();
+    dict.add_names(&["qty".to_owned(), "count".to_owned(), "color".to_owned()]);
+    let tok = |n: &str| {
+        crate::token::Names::token(&dict, n)
+            .unwrap()
+            .as_str()
+            .to_owned()
+    };
+    let (qty, count, color) = (tok("qty"), tok("count"), tok("color"));
+    let rewritten = |pipeline: Vec<Document>| {
+        let mut c = cmd(doc! {"aggregate": "c", "$db": "app", "cursor": {}, "pipeline": pipeline});
+        command(&mut c, "app", &policies, Lookup::of(&dict)).map(|()| {
+            c.body
+                .get_array("pipeline")
+                .unwrap()
+                .iter()
+                .map(|s| s.as_document().unwrap().clone())
+                .collect::<Vec<_>>()
+        })
+    };
+    // Made the top: `qty` is a custom attribute's name, a token.
+    let p = rewritten(vec![
+        doc! {"$replaceRoot": {"newRoot": "$custom"}},
+        doc! {"$match": {"qty": 5}},
+    ])
+    .unwrap();
+    assert_eq!(p[1], doc! {"$match": {&qty: 5}});
+    // Moved under `m`: a token below it, plain beside it.
+    let p = rewritten(vec![
+        doc! {"$addFields": {"m": "$custom"}},
+        doc! {"$match": {"m.qty": 2, "qty": 1}},
+    ])
+    .unwrap();
+    assert_eq!(p[1], doc! {"$match": {format!("m.{qty}"): 2, "qty": 1}});
+    // Joined: the other collection's custom path sits below `j`.
+    let p = rewritten(vec![
+        doc! {"$lookup": {"from": "d", "localField": "a", "foreignField": "b", "as": "j"}},
+        doc! {"$unwind": "$j"},
+        doc! {"$sort": {"j.custom.qty": 1, "custom.qty": 1}},
+    ])
+    .unwrap();
+    assert_eq!(
+        p[2],
+        doc! {"$sort": {format!("j.custom.{qty}"): 1, format!("custom.{qty}"): 1}}
+    );
+    // `count`, as `$sortByCount` names it, is plain; a stored one is not.
+    let p = rewritten(vec![
+        doc! {"$sortByCount": "$custom.color"},
+        doc! {"$match": {"count": {"$gt": 1}}},
+    ])
+    .unwrap();
+    assert_eq!(p[1], doc! {"$match": {"count": {"$gt": 1}}});
+    let p = rewritten(vec![doc! {"$match": {"count": 1, "color": 2}}]).unwrap();
+    assert_eq!(p[0], doc! {"$match": {&count: 1, &color: 2}});
+    // Either of two forms: a name they store alike is rewritten, one they
+    // store otherwise is refused.
+    let either = doc! {"$set": {"e": {"$ifNull": ["$custom", "$other"]}}};
+    let e = rewritten(vec![either.clone(), doc! {"$match": {"e.qty": 1}}]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the stage $match naming fields below e (an earlier stage put"),
+        "{e}"
+    );
+    let p = rewritten(vec![
+        either.clone(),
+        doc! {"$match": {"e.color": 1, "qty": 1}},
+    ])
+    .unwrap();
+    assert_eq!(p[1], doc! {"$match": {format!("e.{color}"): 1, "qty": 1}});
+    // A place nothing can tell the form of: refused below it.
+    let unknown = doc! {"$set": {"u": {"$getField": {"field": "x", "input": {"$first": "$a"}}}}};
+    let e = rewritten(vec![unknown.clone(), doc! {"$match": {"u.color": 1}}]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("naming fields below u after an earlier stage"),
+        "{e}"
+    );
+    rewritten(vec![unknown, doc! {"$match": {"color": 1}}]).unwrap();
 }
