@@ -177,12 +177,21 @@ impl Policy {
             ]
         };
         let (mine, theirs) = (lists(self), lists(other));
-        mine.iter().zip(&theirs).find_map(|(a, b)| {
-            a.iter()
-                .find(|x| !b.contains(x))
-                .or_else(|| b.iter().find(|x| !a.contains(x)))
-                .cloned()
-        })
+        // The highest place that differs: what holds the others.
+        mine.iter()
+            .zip(&theirs)
+            .flat_map(|(a, b)| {
+                let only = |x: &[Vec<String>], y: &[Vec<String>]| {
+                    x.iter()
+                        .filter(|p| !y.contains(p))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                };
+                let mut d = only(a, b);
+                d.extend(only(b, a));
+                d
+            })
+            .min_by_key(Vec::len)
     }
 
     /// The opaque place that `path` (a logical path) reaches into, if any.

@@ -134,8 +134,26 @@ impl Binds {
     }
 }
 
-/// The path a bare field path or `$$ROOT`/`$$CURRENT` path stands for.
+/// The path a bare field path or `$$ROOT`/`$$CURRENT` path stands for,
+/// also behind what only passes it on or falls back to a literal holding no
+/// document (`{$ifNull: ["$items", []]}`, what `$map` is often given).
 fn bare_path(e: &Bson) -> Option<Vec<String>> {
+    if let Bson::Document(d) = e {
+        let (op, arg) = d.iter().next()?;
+        let passed = match (op.as_str(), arg) {
+            ("$ifNull", Bson::Array(a)) => {
+                let (first, rest) = a.split_first()?;
+                rest.iter()
+                    .all(|x| !holds_document(x) && !is_expression(x))
+                    .then_some(first)
+            }
+            ("$filter" | "$sortArray", Bson::Document(f)) => f.get("input"),
+            ("$reverseArray", x) => Some(x),
+            ("$slice", Bson::Array(a)) => a.first(),
+            _ => None,
+        };
+        return passed.and_then(bare_path);
+    }
     let Bson::String(s) = e else { return None };
     let rest = s
         .strip_prefix("$$ROOT")
@@ -543,6 +561,18 @@ impl Named {
             None => s.strip_prefix('$').unwrap_or(s),
         };
         self.paths.push(logical(&[], path));
+    }
+}
+
+/// Whether a value is an expression: a path, a variable, or an operator.
+fn is_expression(v: &Bson) -> bool {
+    match v {
+        Bson::String(s) => s.starts_with('$'),
+        Bson::Array(a) => a.iter().any(is_expression),
+        Bson::Document(d) => d
+            .iter()
+            .any(|(k, x)| k.starts_with('$') || is_expression(x)),
+        _ => false,
     }
 }
 

@@ -93,7 +93,7 @@ impl Mapper<'_> {
         let moved = layouts.iter().find_map(|l| l.differs_from(self.policy));
         match moved {
             Some(place) if self.stores_documents => Err(refuse(&format!(
-                "documents stored with names an earlier stage moved to {} from a place that stores them otherwise",
+                "storing documents whose names at {} an earlier stage moved there from a place that stores them otherwise, or made itself,",
                 place_name(&place)
             ))),
             _ => Ok(()),
@@ -188,9 +188,14 @@ impl Mapper<'_> {
 
     /// A pipeline nested in a stage (`$lookup`, `$unionWith`, `$facet`,
     /// `$merge`), rewritten for this collection.
+    /// What it outputs is not stored (it feeds a stage of the outer one).
     pub(super) fn sub_pipeline(&self, stages: &[Bson]) -> Result<Bson, ProxyError> {
         let mut stages = stages.to_vec();
-        self.pipeline(&mut stages)?;
+        Mapper {
+            stores_documents: false,
+            ..*self
+        }
+        .pipeline(&mut stages)?;
         Ok(Bson::Array(stages))
     }
 
@@ -607,7 +612,12 @@ impl Mapper<'_> {
                         .collect(),
                 ),
                 ("let", Bson::Document(let_vars)) => Bson::Document(self.let_vars(let_vars)?),
-                ("whenMatched", Bson::Array(p)) => self.sub_pipeline(p)?,
+                ("whenMatched", Bson::Array(p)) => {
+                    // Its output replaces the target's document: stored.
+                    let mut stages = p.clone();
+                    self.pipeline(&mut stages)?;
+                    Bson::Array(stages)
+                }
                 _ => v.clone(),
             })
         })?;

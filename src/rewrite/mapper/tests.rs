@@ -530,7 +530,9 @@ fn a_stored_move_between_places_that_store_names_otherwise_is_refused() {
     let refused = |r: Result<(), ProxyError>, at: &str| {
         let e = r.unwrap_err().to_string();
         assert!(
-            e.contains(&format!("an earlier stage moved to {at} from a place")),
+            e.contains(&format!(
+                "storing documents whose names at {at} an earlier stage moved there"
+            )),
             "{e}"
         );
     };
@@ -590,6 +592,17 @@ fn a_stored_move_between_places_that_store_names_otherwise_is_refused() {
         doc! {"$replaceWith": {"$mergeObjects": ["$$ROOT", {"n": 1}]}},
     ])
     .unwrap();
+    // `$map`'s elements come from the array its input passes on.
+    update(vec![doc! {"$set": {"n": {"$map": {
+        "input": {"$ifNull": ["$items", []]}, "as": "it", "in": {"$ifNull": ["$$it.qty", "$$it"]},
+    }}}}])
+    .unwrap();
+    refused(
+        update(vec![doc! {"$set": {"n": {"$map": {
+            "input": {"$ifNull": ["$custom.list", []]}, "as": "it", "in": "$$it",
+        }}}}]),
+        "n",
+    );
     aggregate(vec![doc! {"$replaceRoot": {"newRoot": "$custom"}}]).unwrap();
     aggregate(vec![doc! {"$merge": {"into": "c", "whenMatched": [
         {"$replaceWith": {"$mergeObjects": ["$$ROOT", "$$new"]}},
