@@ -933,9 +933,7 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         .await
         .map(|_| ())
         .unwrap_err();
-    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-        panic!("{err}")
-    };
+    let e = common::command_error(err);
     assert_eq!(e.code, 115);
     assert_eq!(e.message, "laconic: the stage $match naming fields below x (an earlier stage put documents there that store them in more than one form) cannot be rewritten to tokenized names");
     // Unknown commands are refused too, unless declared free of names.
@@ -943,9 +941,7 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         .run_command(doc! {"madeUpCommand": "c", "long_name": 1})
         .await
         .unwrap_err();
-    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-        panic!("{err}")
-    };
+    let e = common::command_error(err);
     assert_eq!(e.code, 115);
     assert_eq!(e.message, "laconic: the command madeUpCommand is unknown to Laconic, so the field names it may carry cannot be rewritten (list it in proxy.tokenize.pass_through if it carries none)");
     let mut config = common::proxy_config(&common::upstream().uri);
@@ -978,9 +974,7 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         .await
         .map(|_| ())
         .unwrap_err();
-    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-        panic!("{err}")
-    };
+    let e = common::command_error(err);
     assert_eq!(e.code, 115);
     assert_eq!(e.message, "laconic: a stage naming document fields ($match) in a cluster-wide change stream cannot be rewritten: the databases have different dictionaries (one shared by every database is configured with databases = [\"*\"] in [[proxy.tokenize.dictionaries]]); watch the database or the collection instead");
     // mapReduce, as a command.
@@ -988,9 +982,7 @@ async fn constructs_that_cannot_be_rewritten_are_refused_with_their_name() {
         .run_command(doc! {"mapReduce": "c", "map": "function() { emit(this.long_name, 1) }", "reduce": "function(k, v) { return 1 }", "out": {"inline": 1}})
         .await
         .unwrap_err();
-    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-        panic!("{err}")
-    };
+    let e = common::command_error(err);
     assert_eq!(e.code, 115);
     assert_eq!(
         e.message,

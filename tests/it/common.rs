@@ -479,3 +479,11 @@ pub fn just_after(session: &mongodb::ClientSession) -> bson::Timestamp {
         increment: t.increment + 1,
     }
 }
+
+/// The command error a driver call failed with (any other kind fails the test).
+pub fn command_error(err: mongodb::error::Error) -> mongodb::error::CommandError {
+    match *err.kind {
+        mongodb::error::ErrorKind::Command(e) => e,
+        other => panic!("not a command error: {other:?}"),
+    }
+}

@@ -200,9 +200,7 @@ async fn out_and_merge_into_a_database_that_shares_the_dictionary() {
         .await
         .map(|_| ())
         .unwrap_err();
-    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-        panic!("{err}")
-    };
+    let e = common::command_error(err);
     assert_eq!(e.code, 115);
     assert!(
         e.message.starts_with("laconic: $out into ") && e.message.contains("another dictionary"),

@@ -205,9 +205,7 @@ async fn validators_and_views_match_the_twin() {
         })
         .await
         .unwrap_err();
-    let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-        panic!("{err}")
-    };
+    let e = common::command_error(err);
     assert_eq!((e.code, e.code_name.as_str()), (115, "CommandNotSupported"));
     assert!(
         e.message.starts_with("laconic: a view whose documents store names at tier_level otherwise than its own tokenize settings say"),

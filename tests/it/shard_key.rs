@@ -128,9 +128,7 @@ async fn replace_strategy_stores_locality_uuids_and_stays_transparent() {
         .await
         .expect_err("range refused");
     for err in [sorted, ranged] {
-        let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-            panic!("{err}")
-        };
+        let e = common::command_error(err);
         assert_eq!((e.code, e.code_name.as_str()), (115, "CommandNotSupported"));
         assert!(e.message.contains(&ns), "{}", e.message);
     }

@@ -146,9 +146,7 @@ async fn unrewritable_constructs_are_refused_by_name() {
         ),
     ] {
         let err = c.find_one(filter).await.unwrap_err();
-        let mongodb::error::ErrorKind::Command(e) = *err.kind else {
-            panic!("{err}")
-        };
+        let e = common::command_error(err);
         assert_eq!(e.code, 115);
         assert!(e.message.contains(construct), "{}", e.message);
     }
