@@ -89,12 +89,16 @@ impl Policy {
         if key.is_empty() || key[0] == b'$' {
             return false;
         }
-        if self.plain_keys.iter().any(|p| is_key(p, parent, key))
-            || self.plain_below.iter().any(|p| is_prefix(p, parent))
-        {
-            return false;
-        }
-        self.tokenizes_by_rule(parent, key)
+        self.tokenizes_by_rule(parent, key) && !self.kept_plain(parent, key)
+    }
+
+    /// Whether a key the rules would tokenize is kept as it is: `_id` at
+    /// the top, and what a layout keeps (most policies keep nothing else).
+    #[inline]
+    fn kept_plain(&self, parent: &[&str], key: &[u8]) -> bool {
+        (!self.plain_keys.is_empty() && self.plain_keys.iter().any(|p| is_key(p, parent, key)))
+            || (!self.plain_below.is_empty()
+                && self.plain_below.iter().any(|p| is_prefix(p, parent)))
     }
 
     /// [`Policy::tokenizes_key`] by length and custom paths alone.
