@@ -4,7 +4,7 @@
 
 use bson::{Bson, Document};
 
-use super::paths::{logical, logical_parts};
+use super::paths::logical;
 use super::{refuse, Mapper};
 use crate::error::ProxyError;
 
@@ -453,12 +453,9 @@ impl Mapper<'_> {
 }
 
 /// The logical path an expression stands for, when it is a bare field path
-/// (what `$map`'s `as` or a `$let` variable is then bound to).
+/// or passes one on (what `$map`'s `as` or a `$let` variable is then bound
+/// to; the top otherwise). The same reading decides where a variable's
+/// documents come from in the pipeline's layout ([`super::flow`]).
 pub(super) fn bound_scope(e: &Bson) -> Vec<String> {
-    match e {
-        Bson::String(s) if s.starts_with('$') && !s.starts_with("$$") => {
-            logical_parts(&s[1..]).map(str::to_owned).collect()
-        }
-        _ => Vec::new(),
-    }
+    super::flow::bare_path(e).unwrap_or_default()
 }

@@ -137,7 +137,7 @@ impl Binds {
 /// The path a bare field path or `$$ROOT`/`$$CURRENT` path stands for,
 /// also behind what only passes it on or falls back to a literal holding no
 /// document (`{$ifNull: ["$items", []]}`, what `$map` is often given).
-fn bare_path(e: &Bson) -> Option<Vec<String>> {
+pub(super) fn bare_path(e: &Bson) -> Option<Vec<String>> {
     if let Bson::Document(d) = e {
         let (op, arg) = d.iter().next()?;
         let passed = match (op.as_str(), arg) {

@@ -690,6 +690,18 @@ fn later_stages_name_moved_fields_in_their_stored_form() {
     assert_eq!(p[1], doc! {"$match": {"count": {"$gt": 1}}});
     let p = rewritten(vec![doc! {"$match": {"count": 1, "color": 2}}]).unwrap();
     assert_eq!(p[0], doc! {"$match": {&count: 1, &color: 2}});
+    // A `$map` variable over an array its input passes on is read in that
+    // array's place: below `custom`, `qty` is a token.
+    let p = rewritten(vec![doc! {"$project": {"q": {"$map": {
+        "input": {"$ifNull": ["$custom.list", []]}, "as": "it", "in": "$$it.qty",
+    }}}}])
+    .unwrap();
+    assert_eq!(
+        p[0],
+        doc! {"$project": {"q": {"$map": {
+            "input": {"$ifNull": ["$custom.list", []]}, "as": "it", "in": format!("$$it.{qty}"),
+        }}}}
+    );
     // Either of two forms: a name they store alike is rewritten, one they
     // store otherwise is refused.
     let either = doc! {"$set": {"e": {"$ifNull": ["$custom", "$other"]}}};
