@@ -113,6 +113,8 @@ impl ProxyError {
                 (301, "DataCorruptionDetected")
             }
             ProxyError::Store(StoreError::Exhausted(_)) => (1, "InternalError"),
+            ProxyError::Store(StoreError::TimedOut(_)) => (89, "NetworkTimeout"),
+            ProxyError::Store(StoreError::Stale(_)) => (262, "ExceededTimeLimit"),
             ProxyError::ReplyTooLarge(_) => (10334, "BSONObjectTooLarge"),
             ProxyError::Internal(_) => (1, "InternalError"),
         }

@@ -42,6 +42,10 @@ pub struct TokenizeConfig {
     pub cap: usize,
     /// How the proxy's own client reaches the store (default: the upstream URI).
     pub store_uri: Option<String>,
+    /// How often every dictionary and migration marker the proxy holds is
+    /// read again (ms). A command for a database whose last read began more
+    /// than [`crate::token::store::VIEW_LEASE`] ago reads it first.
+    pub revalidate_ms: u64,
     /// Settings for one database or collection, overriding the ones above.
     pub namespaces: Vec<NamespaceTokenize>,
     /// Commands and aggregation stages the proxy does not know, declared
@@ -84,6 +88,7 @@ impl Default for TokenizeConfig {
             store_collection: "name_store".into(),
             cap: 1000,
             store_uri: None,
+            revalidate_ms: 1000,
             namespaces: Vec::new(),
             pass_through: Vec::new(),
             dictionaries: Vec::new(),
@@ -466,6 +471,13 @@ impl TokenizeConfig {
         if t.cap == 0 {
             return Err(invalid(
                 "proxy.tokenize.cap",
+                "0".into(),
+                "must be at least 1",
+            ));
+        }
+        if t.revalidate_ms == 0 {
+            return Err(invalid(
+                "proxy.tokenize.revalidate_ms",
                 "0".into(),
                 "must be at least 1",
             ));

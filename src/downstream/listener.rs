@@ -97,12 +97,12 @@ impl Proxy {
         }
         if let Some(t) = &self.ctx.rewrite.tokens {
             // Dictionaries are read again every second: a dropped, replaced,
-            // rewound or edited one is noticed, and a failed one recovers.
-            self.shutdown.tracker().spawn(
-                t.store
-                    .clone()
-                    .watch(Duration::from_secs(1), self.shutdown.clone()),
-            );
+            // rewound or edited one is noticed, a failed one recovers, and
+            // requests rarely find one past its lease.
+            let every = Duration::from_millis(self.ctx.config.tokenize.revalidate_ms);
+            self.shutdown
+                .tracker()
+                .spawn(t.store.clone().watch(every, self.shutdown.clone()));
         }
         let upstream = &self.ctx.upstream;
         if upstream.srv.is_some() {

@@ -217,6 +217,7 @@ impl Exchange {
                 if let Message::Msg(m) = self.frame.message() {
                     migration::convert_ahead(ctx, m, &self.command).await?;
                 }
+                tokens::still_fresh(ctx, &dbs)?;
                 self.plan = rewritten.plan;
                 if let Some(f) = rewritten.frame {
                     return self.forward(ctx, f);

@@ -55,6 +55,22 @@ pub(super) async fn admit(
     Ok(Gate::Rewrite)
 }
 
+/// Just before a rewritten command is sent: every dictionary it was
+/// rewritten with, and the migration markers read with it, are still
+/// within their lease ([`crate::token::store::VIEW_LEASE`]). A command
+/// that took longer to get ready (allocations, conversions ahead of an
+/// update) while the store could not be read again is not sent: a
+/// migration may have begun changing the form it was rewritten for.
+pub(super) fn still_fresh(ctx: &ProxyContext, dbs: &[String]) -> Result<(), ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(());
+    };
+    match dbs.iter().find(|db| !t.store.loaded(db)) {
+        Some(db) => Err(crate::token::StoreError::Stale(db.clone()).into()),
+        None => Ok(()),
+    }
+}
+
 /// Before a command that stores documents is forwarded: a tokenized database
 /// it writes that has no dictionary yet gets one, tokens needed or not
 /// ([`crate::token::store::NameStore::claim`]).

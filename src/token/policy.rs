@@ -334,7 +334,8 @@ pub enum Migration {
     Reverse,
 }
 
-/// What `<store_db>.migrations` says of a collection.
+/// What a collection's migration mark (`_id: "migration/<collection>"` in
+/// its database's `__laconic`) says of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
     /// A migration is running (or was stopped before its end).

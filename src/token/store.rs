@@ -34,7 +34,7 @@
 //!   documents (on another shard, say) would read back under it.
 
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use dashmap::DashMap;
@@ -74,6 +74,13 @@ pub enum StoreError {
     /// No short token remains, or the store would not take an append.
     #[error("{0}")]
     Exhausted(String),
+    /// A read of the store did not finish within [`VIEW_LEASE`].
+    #[error("the name store did not answer its {0} within {VIEW_LEASE:?}")]
+    TimedOut(&'static str),
+    /// The command took longer than [`VIEW_LEASE`] to get ready, and what
+    /// it was rewritten with has not been read again since: it is not sent.
+    #[error("what the proxy read of the name store of {0} must be read again before this command is sent (that read is older than {VIEW_LEASE:?}, or was put in doubt meanwhile): it was not sent; send it again")]
+    Stale(String),
 }
 
 impl StoreError {
@@ -115,6 +122,54 @@ impl StoreError {
     fn is_duplicate_key(&self) -> bool {
         matches!(self, StoreError::Refused { code: 11000, .. })
     }
+}
+
+/// How long a proxy relies on what it last read of a database's store (its
+/// dictionary and its migration markers) without reading it again: once
+/// this has passed since the last successful read began, the next command
+/// for the database reads it first. The watcher reads every store every
+/// second, so a request pays for it only when the watcher could not.
+///
+/// A migration depends on it: `laconic migrate` announces itself, then
+/// waits [`MIGRATION_NOTICE`] before it rewrites the first document, so
+/// that no proxy still writes the collection in the form it is leaving.
+pub const VIEW_LEASE: Duration = Duration::from_secs(5);
+
+/// How long `laconic migrate` waits between announcing itself and
+/// rewriting the first document: [`VIEW_LEASE`], plus time for a command
+/// rewritten just before the lease ran out to reach the upstream (a proxy
+/// checks the lease again just before it sends one).
+pub const MIGRATION_NOTICE: Duration = Duration::from_secs(8);
+
+/// When a successful read of the store began, in milliseconds since the
+/// process first used this clock (0: never).
+#[derive(Debug, Default)]
+struct ReadBegan(std::sync::atomic::AtomicU64);
+
+impl ReadBegan {
+    fn set(&self, began: Instant) {
+        self.0
+            .store(clock_ms(began), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether it began less than [`VIEW_LEASE`] ago.
+    fn within_lease(&self) -> bool {
+        let began = self.0.load(std::sync::atomic::Ordering::Acquire);
+        began != 0 && clock_ms(Instant::now()).saturating_sub(began) < VIEW_LEASE.as_millis() as u64
+    }
+}
+
+fn clock_ms(at: Instant) -> u64 {
+    static BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
+    at.saturating_duration_since(*BASE).as_millis() as u64 + 1
+}
+
+/// What a proxy read of a group member: its mark's verdict (why the
+/// member is refused, if it is) and when the read began.
+#[derive(Debug)]
+struct Member {
+    refused: Option<Integrity>,
+    read: ReadBegan,
 }
 
 /// Round trips made, for metrics and benchmarks.
@@ -182,6 +237,8 @@ struct Scope {
     /// The dictionary the last read built, and the digest of the bytes it
     /// was built from.
     last_read: parking_lot::Mutex<Option<(Arc<Dictionary>, Digest)>>,
+    /// When the last successful read began.
+    read: ReadBegan,
 }
 
 impl Scope {
@@ -190,15 +247,29 @@ impl Scope {
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
-    /// Whether every suspicion raised has been answered by a settled read.
+    /// Whether every suspicion raised has been answered by a settled read,
+    /// and the last one began within [`VIEW_LEASE`].
     fn is_fresh(&self) -> bool {
         use std::sync::atomic::Ordering;
         self.cleared.load(Ordering::Acquire) == self.suspected.load(Ordering::Acquire)
+            && self.read.within_lease()
     }
 }
 
 /// SHA-256 of the documents a read of the store returned, in their order.
 type Digest = [u8; 32];
+
+/// A read of the store, given up as a network timeout when it takes longer
+/// than [`VIEW_LEASE`]: a read that hangs must not keep the watcher, and the
+/// requests waiting for it, from reading again.
+async fn within_lease<T>(
+    operation: &'static str,
+    read: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(VIEW_LEASE, read)
+        .await
+        .unwrap_or(Err(StoreError::TimedOut(operation)))
+}
 
 fn digest_of(docs: &[bson::RawDocumentBuf]) -> Digest {
     use sha2::Digest as _;
@@ -236,8 +307,8 @@ struct Inner {
     /// Names per chain document in dictionaries this proxy creates.
     cap: usize,
     scopes: DashMap<String, Arc<Scope>>,
-    /// The group members this proxy has met, and why one is refused.
-    members: DashMap<String, Option<Integrity>>,
+    /// The group members this proxy has met.
+    members: DashMap<String, Member>,
     /// Which collections are tokenized (and, shared with them, what the
     /// migration markers of each database say).
     policies: Policies,
@@ -333,7 +404,7 @@ impl NameStore {
     pub fn dictionary(&self, db: &str) -> Result<Arc<Dictionary>, Integrity> {
         let scope = self.inner.policies.scope_of(db);
         if scope != db {
-            if let Some(e) = self.inner.members.get(db).and_then(|m| m.clone()) {
+            if let Some(e) = self.inner.members.get(db).and_then(|m| m.refused.clone()) {
                 return Err(e);
             }
         }
@@ -351,7 +422,12 @@ impl NameStore {
         let cell = self.scope(scope);
         cell.is_fresh()
             && !matches!(*cell.state.read(), State::Unloaded)
-            && (scope == db || self.inner.members.contains_key(db))
+            && (scope == db
+                || self
+                    .inner
+                    .members
+                    .get(db)
+                    .is_some_and(|m| m.read.within_lease()))
     }
 
     /// Marks a database's dictionary to be read again before its next use:
@@ -403,18 +479,22 @@ impl NameStore {
     /// Reads a group member's mark and migration markers: its documents
     /// must have been written with the group's dictionary.
     async fn read_member(&self, db: &str, scope: &str) -> Result<usize, StoreError> {
-        let docs: Vec<Document> = self.db(db)
-            .collection::<Document>(MARK_COLLECTION)
-            .aggregate(vec![
-                doc! {"$match": {"_id": "mark"}},
-                doc! {"$set": {"_id": "__mark"}},
-                doc! {"$unionWith": {"coll": COLLECTION, "pipeline": [{"$match": {"_id": {"$regex": "^migration/"}}}]}},
-            ])
-            .await
-            .map_err(|e| StoreError::from_driver("aggregate", e))?
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::from_driver("aggregate", e))?;
+        let began = Instant::now();
+        let docs: Vec<Document> = within_lease("aggregate", async {
+            self.db(db)
+                .collection::<Document>(MARK_COLLECTION)
+                .aggregate(vec![
+                    doc! {"$match": {"_id": "mark"}},
+                    doc! {"$set": {"_id": "__mark"}},
+                    doc! {"$unionWith": {"coll": COLLECTION, "pipeline": [{"$match": {"_id": {"$regex": "^migration/"}}}]}},
+                ])
+                .await
+                .map_err(|e| StoreError::from_driver("aggregate", e))?
+                .try_collect()
+                .await
+                .map_err(|e| StoreError::from_driver("aggregate", e))
+        })
+        .await?;
         self.note_migrations(db, &docs);
         let recorded = docs
             .iter()
@@ -434,7 +514,12 @@ impl NameStore {
             }),
             _ => None,
         };
-        self.inner.members.insert(db.to_owned(), verdict);
+        let member = Member {
+            refused: verdict,
+            read: ReadBegan::default(),
+        };
+        member.read.set(began);
+        self.inner.members.insert(db.to_owned(), member);
         Ok(1)
     }
 
@@ -458,7 +543,9 @@ impl NameStore {
         };
         // The suspicions this read answers: those raised before it began.
         let covers = cell.suspected.load(Ordering::Acquire);
-        let (state, trips, digest) = match self.read(scope, &previous, built_from).await {
+        let began = Instant::now();
+        let read = within_lease("read", self.read(scope, &previous, built_from));
+        let (state, trips, digest) = match read.await {
             Ok(r) => r,
             Err(e) => {
                 cell.suspect();
@@ -473,6 +560,7 @@ impl NameStore {
         };
         self.settle(scope, &cell, state);
         // Fresh from here on (unless suspected again since it began).
+        cell.read.set(began);
         cell.cleared.fetch_max(covers, Ordering::AcqRel);
         cell.reloads.fetch_add(1, Ordering::Release);
         Ok(trips)

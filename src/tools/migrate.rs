@@ -34,6 +34,7 @@ use crate::config::TokenizeConfig;
 use crate::convert::Target;
 use crate::rewrite::expand;
 use crate::rewrite::mapper::paths as tokenize;
+use crate::token::store::MIGRATION_NOTICE;
 use crate::token::{NameStore, Policy};
 
 /// What to migrate, and how.
@@ -174,8 +175,10 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
 }
 
 /// Marks the collection as migrating, then waits: proxies read the markers
-/// with their dictionaries once a second, and must see this one (and match
-/// both forms) before anything changes.
+/// with their dictionaries once a second, and rely on what they read for
+/// [`VIEW_LEASE`](crate::token::store::VIEW_LEASE) at most (a command past it reads them again first), so
+/// after [`MIGRATION_NOTICE`] every proxy writes the collection knowing of
+/// this one (and matches both forms) before anything changes.
 async fn announce(
     state_coll: &Collection<Document>,
     state_id: &str,
@@ -189,7 +192,7 @@ async fn announce(
         )
         .upsert(true)
         .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(MIGRATION_NOTICE).await;
     Ok(())
 }
 

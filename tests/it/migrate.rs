@@ -367,3 +367,165 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
         doc! {"customer_name": 1}
     );
 }
+
+/// A proxy relies on what it read of the store for `VIEW_LEASE` at most.
+/// Its watcher stalled here, a reverse migration is announced after its
+/// last read; the first command past the lease reads the markers again
+/// before it is rewritten, so the proxy writes full names and brings the
+/// document an update meets to them first. (`laconic migrate` waits
+/// `MIGRATION_NOTICE`, longer than the lease, before it rewrites anything.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_whose_watcher_stalls_reads_the_markers_again_past_its_lease() {
+    use laconic::token::store::{MIGRATION_NOTICE, VIEW_LEASE};
+    assert!(MIGRATION_NOTICE > VIEW_LEASE + Duration::from_secs(2));
+    let app = db_name("lease", "app");
+    let direct = common::direct().await;
+    direct.database(&app).drop().await.unwrap();
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.custom_paths = vec!["custom".into()];
+    config.tokenize.revalidate_ms = 3_600_000; // not within this test
+    let proxy = common::start(config).await;
+    let via: Collection<Document> = common::via_proxy(&proxy)
+        .await
+        .database(&app)
+        .collection("events");
+    via.insert_one(original(1)).await.unwrap();
+    let stored = common::stored(&app, "events").await;
+    assert!(!stored[0].contains_key("customer_name"), "{stored:?}");
+
+    // What `laconic migrate --reverse` writes when it announces itself.
+    direct
+        .database(&app)
+        .collection::<Document>("__laconic")
+        .insert_one(doc! {"_id": "migration/events", "direction": "reverse", "done": false, "last_id": Bson::MinKey, "rewritten": 0i64})
+        .await
+        .unwrap();
+    tokio::time::sleep(VIEW_LEASE + Duration::from_millis(500)).await;
+    via.insert_one(original(2)).await.unwrap();
+    via.update_one(doc! {"_id": 1}, doc! {"$inc": {"custom.Loyalty Tier": 10}})
+        .await
+        .unwrap();
+    let mut bumped = original(1);
+    bumped
+        .get_document_mut("custom")
+        .unwrap()
+        .insert("Loyalty Tier", 11);
+    assert_eq!(
+        common::stored(&app, "events").await,
+        vec![bumped.clone(), original(2)],
+        "stored with full names only"
+    );
+    assert_eq!(
+        common::by_id(&via, doc! {}).await,
+        vec![bumped, original(2)]
+    );
+}
+
+/// A relay to the upstream that stops passing bytes while `held` is true
+/// (the connections stay open: a store that hangs rather than fails).
+async fn holding_relay(target: String, held: tokio::sync::watch::Receiver<bool>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                continue;
+            };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            for (mut from, mut to) in [
+                (
+                    Box::new(cr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                    Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                ),
+                (Box::new(sr), Box::new(cw)),
+            ] {
+                let mut held = held.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        if held.wait_for(|h| !*h).await.is_err() {
+                            return;
+                        }
+                        let n = match from.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if held.wait_for(|h| !*h).await.is_err()
+                            || to.write_all(&buf[..n]).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    addr
+}
+
+/// A store that stops answering (its connections open, nothing coming
+/// back) does not leave the proxy writing on what it read before: past the
+/// lease, a command for the database is refused with a network timeout,
+/// and nothing is written. Once the store answers again, so does the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_hangs_is_not_relied_on_past_the_lease() {
+    use laconic::token::store::VIEW_LEASE;
+    let app = db_name("lease", "hung");
+    let direct = common::direct().await;
+    direct.database(&app).drop().await.unwrap();
+    let (hold, held) = tokio::sync::watch::channel(false);
+    let upstream = common::upstream();
+    let relay = holding_relay(upstream.host.clone(), held).await;
+    let mut config = common::proxy_config(&upstream.uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.custom_paths = vec!["custom".into()];
+    let sep = if upstream.uri.contains('?') { "&" } else { "?" };
+    config.tokenize.store_uri = Some(format!(
+        "{}{sep}directConnection=true",
+        upstream.uri.replacen(&upstream.host, &relay, 1)
+    ));
+    let proxy = common::start(config).await;
+    let via: Collection<Document> = common::via_proxy(&proxy)
+        .await
+        .database(&app)
+        .collection("events");
+    via.insert_one(original(1)).await.unwrap();
+
+    hold.send(true).unwrap();
+    tokio::time::sleep(VIEW_LEASE + Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let err = common::command_error(via.insert_one(original(2)).await.unwrap_err());
+    assert!(
+        matches!(err.code, 89 | 6),
+        "a network code for a store that does not answer: {err:?}"
+    );
+    assert!(
+        err.message.starts_with("laconic: the name store"),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < 3 * VIEW_LEASE,
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        common::stored(&app, "events").await.len(),
+        1,
+        "the refused insert was not sent"
+    );
+
+    hold.send(false).unwrap();
+    let mut tries = 0;
+    while let Err(e) = via.insert_one(original(2)).await {
+        tries += 1;
+        assert!(tries < 60, "the proxy never recovered: {e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        common::by_id(&via, doc! {}).await,
+        vec![original(1), original(2)]
+    );
+}
