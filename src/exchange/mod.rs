@@ -179,11 +179,33 @@ impl Exchange {
             }
         }
         if gate == Gate::Rewrite {
+            if let Some(f) = self.rewritten(ctx, state, leg, &dbs).await? {
+                return self.forward(ctx, f);
+            }
+        }
+        let out = self.frame.clone();
+        self.forward(ctx, out)
+    }
+
+    /// The request rewritten, with the names it stores given tokens first
+    /// (`None`: it goes as the driver sent it). Rewritten again if a
+    /// migration's state changed while it got ready: it is sent only as
+    /// the proxy's current view of the store, read within its lease, would
+    /// rewrite it.
+    async fn rewritten(
+        &mut self,
+        ctx: &ProxyContext,
+        state: &mut SessionState,
+        leg: &mut crate::upstream::Leg,
+        dbs: &[String],
+    ) -> Result<Option<Frame>, ProxyError> {
+        let kinds = |id| ctx.cursors.kind(id);
+        for _ in 0..3 {
+            let marks = tokens::marks(ctx);
             // Rewritten once; again only if it named something the
             // dictionaries lacked (stored names get tokens first).
-            let kinds = |id| ctx.cursors.kind(id);
             let mut rewritten =
-                rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds, &dbs)?;
+                rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds, dbs)?;
             let mut refreshed = false;
             if ctx.rewrite.tokens.is_some() && rewritten.misses.is_empty() {
                 ctx.metrics.store_lookup(true);
@@ -202,30 +224,23 @@ impl Exchange {
                 .await?
                 {
                     tokens::Settled::Done => break,
-                    tokens::Settled::PassThrough => {
-                        gate = Gate::PassThrough;
-                        break;
-                    }
+                    tokens::Settled::PassThrough => return Ok(None),
                     tokens::Settled::Again => {
                         rewritten =
-                            rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds, &dbs)?;
+                            rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds, dbs)?;
                     }
                 }
             }
-            if gate == Gate::Rewrite {
-                tokens::claim(ctx, &dbs, &self.command).await?;
-                if let Message::Msg(m) = self.frame.message() {
-                    migration::convert_ahead(ctx, m, &self.command).await?;
-                }
-                tokens::still_fresh(ctx, &dbs)?;
+            tokens::claim(ctx, dbs, &self.command).await?;
+            if let Message::Msg(m) = self.frame.message() {
+                migration::convert_ahead(ctx, m, &self.command).await?;
+            }
+            if tokens::still_current(ctx, dbs, marks).await? {
                 self.plan = rewritten.plan;
-                if let Some(f) = rewritten.frame {
-                    return self.forward(ctx, f);
-                }
+                return Ok(rewritten.frame);
             }
         }
-        let out = self.frame.clone();
-        self.forward(ctx, out)
+        Err(tokens::stale(dbs))
     }
 
     fn forward(&mut self, ctx: &ProxyContext, out: Frame) -> Result<Step, ProxyError> {

@@ -55,20 +55,44 @@ pub(super) async fn admit(
     Ok(Gate::Rewrite)
 }
 
-/// Just before a rewritten command is sent: every dictionary it was
-/// rewritten with, and the migration markers read with it, are still
-/// within their lease ([`crate::token::store::VIEW_LEASE`]). A command
-/// that took longer to get ready (allocations, conversions ahead of an
-/// update) while the store could not be read again is not sent: a
-/// migration may have begun changing the form it was rewritten for.
-pub(super) fn still_fresh(ctx: &ProxyContext, dbs: &[String]) -> Result<(), ProxyError> {
+/// What the proxy knows of migrations, as of now: a command rewritten
+/// under it is checked against it before it is sent ([`still_current`]).
+pub(super) fn marks(ctx: &ProxyContext) -> u64 {
+    ctx.rewrite
+        .tokens
+        .as_ref()
+        .map_or(0, |t| t.policies.migrating.generation())
+}
+
+/// Just before a rewritten command is sent: whether what it was rewritten
+/// with still stands. Every database it names must have been read within
+/// the lease ([`crate::token::store::VIEW_LEASE`]; read again now if it
+/// was not: allocations and conversions ahead of an update take time), and
+/// the migration markers must be those it was rewritten under (`marks`).
+/// `false`: they changed, and it must be rewritten again.
+pub(super) async fn still_current(
+    ctx: &ProxyContext,
+    dbs: &[String],
+    marks: u64,
+) -> Result<bool, ProxyError> {
     let Some(t) = &ctx.rewrite.tokens else {
-        return Ok(());
+        return Ok(true);
     };
-    match dbs.iter().find(|db| !t.store.loaded(db)) {
-        Some(db) => Err(crate::token::StoreError::Stale(db.clone()).into()),
-        None => Ok(()),
+    for _ in 0..3 {
+        let Some(db) = dbs.iter().find(|db| !t.store.loaded(db)) else {
+            return Ok(t.policies.migrating.generation() == marks);
+        };
+        let trips = t.store.ensure_loaded(db).await?.0;
+        ctx.metrics.store_round_trips(trips);
+        t.store.dictionary(db)?;
     }
+    Err(stale(dbs))
+}
+
+/// A command that could not be rewritten under a view of the store that
+/// held until it was sent.
+pub(super) fn stale(dbs: &[String]) -> ProxyError {
+    crate::token::StoreError::Stale(dbs.join(", ")).into()
 }
 
 /// Before a command that stores documents is forwarded: a tokenized database

@@ -358,12 +358,17 @@ static UNTOKENIZED: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Polic
 /// shared by every clone of the policies; it is state, not configuration,
 /// so it takes no part in comparing policies).
 #[derive(Debug, Default)]
-pub struct Migrating(parking_lot::RwLock<std::collections::HashMap<String, State>>);
+pub struct Migrating {
+    states: parking_lot::RwLock<std::collections::HashMap<String, State>>,
+    /// Bumped whenever a state changes: a command rewritten under one
+    /// generation is rewritten again if it is another when it is sent.
+    generation: std::sync::atomic::AtomicU64,
+}
 
 impl Migrating {
     /// The state of `db.coll`, if a migration knows of it.
     pub fn state(&self, db: &str, coll: &str) -> Option<State> {
-        let map = self.0.read();
+        let map = self.states.read();
         if map.is_empty() {
             return None;
         }
@@ -373,18 +378,35 @@ impl Migrating {
     /// Replaces what is known of the collections of `db` (its markers, as
     /// read with its dictionary).
     pub fn set_db(&self, db: &str, states: impl IntoIterator<Item = (String, State)>) {
-        let mut map = self.0.write();
-        map.retain(|ns, _| ns.split_once('.').is_none_or(|(d, _)| d != db));
-        map.extend(
-            states
-                .into_iter()
-                .map(|(coll, s)| (format!("{db}.{coll}"), s)),
-        );
+        let of_db = |ns: &String| ns.split_once('.').is_some_and(|(d, _)| d == db);
+        let new: std::collections::HashMap<String, State> = states
+            .into_iter()
+            .map(|(coll, s)| (format!("{db}.{coll}"), s))
+            .collect();
+        let mut map = self.states.write();
+        let mut old = map.iter().filter(|(ns, _)| of_db(ns));
+        if old.clone().count() == new.len() && old.all(|(ns, s)| new.get(ns) == Some(s)) {
+            return;
+        }
+        map.retain(|ns, _| !of_db(ns));
+        map.extend(new);
+        self.bump();
     }
 
     /// Replaces everything (tests and tools).
     pub fn replace(&self, states: std::collections::HashMap<String, State>) {
-        *self.0.write() = states;
+        *self.states.write() = states;
+        self.bump();
+    }
+
+    /// How many times a state has changed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -492,5 +514,34 @@ mod tests {
             long.subtree::<&str>(&[]) == long.subtree(&["doc"]),
             "min_len 4 leaves _id alike"
         );
+    }
+
+    /// The generation moves when a state changes, and only then: a marker
+    /// rewritten with the same state (a migration's progress) rewrites no
+    /// command in flight.
+    #[test]
+    fn migration_states_count_their_changes() {
+        let m = Migrating::default();
+        let reverse = || [("events".to_owned(), State::Migrating(Migration::Reverse))];
+        m.set_db("app", reverse());
+        let g = m.generation();
+        assert_eq!(
+            m.state("app", "events"),
+            Some(State::Migrating(Migration::Reverse))
+        );
+        m.set_db("app", reverse());
+        m.set_db("other", []);
+        assert_eq!(m.generation(), g, "nothing changed");
+        m.set_db("other", [("events".to_owned(), State::Reversed)]);
+        assert_eq!(m.generation(), g + 1);
+        assert_eq!(
+            m.state("app", "events"),
+            Some(State::Migrating(Migration::Reverse))
+        );
+        m.set_db("app", [("events".to_owned(), State::Reversed)]);
+        assert_eq!(m.generation(), g + 2);
+        m.set_db("app", []);
+        assert_eq!((m.generation(), m.state("app", "events")), (g + 3, None));
+        assert_eq!(m.state("other", "events"), Some(State::Reversed));
     }
 }

@@ -77,9 +77,10 @@ pub enum StoreError {
     /// A read of the store did not finish within [`VIEW_LEASE`].
     #[error("the name store did not answer its {0} within {VIEW_LEASE:?}")]
     TimedOut(&'static str),
-    /// The command took longer than [`VIEW_LEASE`] to get ready, and what
-    /// it was rewritten with has not been read again since: it is not sent.
-    #[error("what the proxy read of the name store of {0} must be read again before this command is sent (that read is older than {VIEW_LEASE:?}, or was put in doubt meanwhile): it was not sent; send it again")]
+    /// The proxy's view of the store kept changing while a command got
+    /// ready, or could not be read again within [`VIEW_LEASE`]: the
+    /// command is not sent.
+    #[error("the proxy's view of the name store of {0} changed while this command got ready (a migration began or ended), or could not be read again within {VIEW_LEASE:?}: it was not sent; send it again")]
     Stale(String),
 }
 
@@ -128,18 +129,19 @@ impl StoreError {
 /// dictionary and its migration markers) without reading it again: once
 /// this has passed since the last successful read began, the next command
 /// for the database reads it first. The watcher reads every store every
-/// second, so a request pays for it only when the watcher could not.
+/// second, so a request pays for it only when the watcher could not. (Under
+/// the full test suite on two cores, reads of a store took up to 3 s.)
 ///
 /// A migration depends on it: `laconic migrate` announces itself, then
 /// waits [`MIGRATION_NOTICE`] before it rewrites the first document, so
 /// that no proxy still writes the collection in the form it is leaving.
-pub const VIEW_LEASE: Duration = Duration::from_secs(5);
+pub const VIEW_LEASE: Duration = Duration::from_secs(10);
 
 /// How long `laconic migrate` waits between announcing itself and
-/// rewriting the first document: [`VIEW_LEASE`], plus time for a command
-/// rewritten just before the lease ran out to reach the upstream (a proxy
-/// checks the lease again just before it sends one).
-pub const MIGRATION_NOTICE: Duration = Duration::from_secs(8);
+/// rewriting the first document: [`VIEW_LEASE`], plus time for a command to
+/// reach the upstream once it is sent (a proxy sends a command only as a
+/// view read within the lease would rewrite it).
+pub const MIGRATION_NOTICE: Duration = Duration::from_secs(15);
 
 /// When a successful read of the store began, in milliseconds since the
 /// process first used this clock (0: never).
@@ -147,6 +149,10 @@ pub const MIGRATION_NOTICE: Duration = Duration::from_secs(8);
 struct ReadBegan(std::sync::atomic::AtomicU64);
 
 impl ReadBegan {
+    fn at(began: Instant) -> ReadBegan {
+        ReadBegan(clock_ms(began).into())
+    }
+
     fn set(&self, began: Instant) {
         self.0
             .store(clock_ms(began), std::sync::atomic::Ordering::Release);
@@ -516,9 +522,8 @@ impl NameStore {
         };
         let member = Member {
             refused: verdict,
-            read: ReadBegan::default(),
+            read: ReadBegan::at(began),
         };
-        member.read.set(began);
         self.inner.members.insert(db.to_owned(), member);
         Ok(1)
     }
