@@ -200,6 +200,7 @@ impl Exchange {
         dbs: &[String],
     ) -> Result<Option<Frame>, ProxyError> {
         let kinds = |id| ctx.cursors.kind(id);
+        let admitted = Instant::now();
         for _ in 0..3 {
             let marks = tokens::marks(ctx);
             // Rewritten once; again only if it named something the
@@ -235,7 +236,7 @@ impl Exchange {
             if let Message::Msg(m) = self.frame.message() {
                 migration::convert_ahead(ctx, m, &self.command).await?;
             }
-            if tokens::still_current(ctx, dbs, marks).await? {
+            if tokens::still_current(ctx, dbs, marks, admitted).await? {
                 self.plan = rewritten.plan;
                 return Ok(rewritten.frame);
             }

@@ -3,12 +3,15 @@
 //! write where they go), and a reply holding tokens this proxy has not read
 //! yet is expanded again after one more read of the dictionary.
 
+use std::time::Instant;
+
 use super::auth::Auth;
 use crate::context::ProxyContext;
 use crate::error::ProxyError;
 use crate::rewrite::names::Misses;
 use crate::rewrite::walker::Fields;
 use crate::rewrite::{self, catalogue, LegState, Replied, ReplyPlan};
+use crate::token::store::READY_WITHIN;
 use crate::token::Integrity;
 use crate::upstream::Leg;
 use crate::wire::{Frame, Message, OpMsg};
@@ -66,27 +69,34 @@ pub(super) fn marks(ctx: &ProxyContext) -> u64 {
 
 /// Just before a rewritten command is sent: whether what it was rewritten
 /// with still stands. Every database it names must have been read within
-/// the lease ([`crate::token::store::VIEW_LEASE`]; read again now if it
-/// was not: allocations and conversions ahead of an update take time), and
-/// the migration markers must be those it was rewritten under (`marks`).
-/// `false`: they changed, and it must be rewritten again.
+/// the lease ([`crate::token::store::VIEW_LEASE`]): checked again, and the
+/// store read again if need be, when the command took longer than
+/// [`READY_WITHIN`] to get ready since `admitted` (allocations and
+/// conversions ahead of an update take time). And the migration markers
+/// must be those it was rewritten under (`marks`); `false`: they changed,
+/// and it must be rewritten again.
 pub(super) async fn still_current(
     ctx: &ProxyContext,
     dbs: &[String],
     marks: u64,
+    admitted: Instant,
 ) -> Result<bool, ProxyError> {
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(true);
     };
-    for _ in 0..3 {
-        let Some(db) = dbs.iter().find(|db| !t.store.loaded(db)) else {
-            return Ok(t.policies.migrating.generation() == marks);
-        };
-        let trips = t.store.ensure_loaded(db).await?.0;
-        ctx.metrics.store_round_trips(trips);
-        t.store.dictionary(db)?;
+    if admitted.elapsed() >= READY_WITHIN {
+        let mut reads = 0;
+        while let Some(db) = dbs.iter().find(|db| !t.store.loaded(db)) {
+            reads += 1;
+            if reads > 3 {
+                return Err(stale(dbs));
+            }
+            let trips = t.store.ensure_loaded(db).await?.0;
+            ctx.metrics.store_round_trips(trips);
+            t.store.dictionary(db)?;
+        }
     }
-    Err(stale(dbs))
+    Ok(t.policies.migrating.generation() == marks)
 }
 
 /// A command that could not be rewritten under a view of the store that

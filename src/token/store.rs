@@ -138,10 +138,15 @@ impl StoreError {
 pub const VIEW_LEASE: Duration = Duration::from_secs(10);
 
 /// How long `laconic migrate` waits between announcing itself and
-/// rewriting the first document: [`VIEW_LEASE`], plus time for a command to
-/// reach the upstream once it is sent (a proxy sends a command only as a
-/// view read within the lease would rewrite it).
+/// rewriting the first document: [`VIEW_LEASE`], plus [`READY_WITHIN`], plus
+/// time for a command to reach the upstream once it is sent (a proxy sends
+/// a command only as a view read within the lease would rewrite it).
 pub const MIGRATION_NOTICE: Duration = Duration::from_secs(15);
+
+/// A command that was ready this soon after its view of the store was found
+/// within the lease is sent on that finding; one that took longer (names
+/// allocated, documents converted ahead of an update) has it checked again.
+pub const READY_WITHIN: Duration = Duration::from_secs(1);
 
 /// When a successful read of the store began, in milliseconds since the
 /// process first used this clock (0: never).
@@ -177,6 +182,8 @@ struct Member {
     refused: Option<Integrity>,
     read: ReadBegan,
 }
+
+type Hasher = foldhash::quality::RandomState;
 
 /// Round trips made, for metrics and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -312,9 +319,11 @@ struct Inner {
     client: Client,
     /// Names per chain document in dictionaries this proxy creates.
     cap: usize,
-    scopes: DashMap<String, Arc<Scope>>,
+    /// Looked up several times per command: hashed with foldhash (seeded
+    /// per process) rather than SipHash, a fifth of the cost.
+    scopes: DashMap<String, Arc<Scope>, Hasher>,
     /// The group members this proxy has met.
-    members: DashMap<String, Member>,
+    members: DashMap<String, Member, Hasher>,
     /// Which collections are tokenized (and, shared with them, what the
     /// migration markers of each database say).
     policies: Policies,
@@ -365,8 +374,8 @@ impl NameStore {
             inner: Arc::new(Inner {
                 client,
                 cap: cap.max(1),
-                scopes: DashMap::new(),
-                members: DashMap::new(),
+                scopes: DashMap::default(),
+                members: DashMap::default(),
                 policies,
                 legacy: None,
             }),
