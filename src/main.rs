@@ -132,6 +132,8 @@ async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
 
 async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    // Its announcement's wait and a lost cursor are said on stderr.
+    init_tracing(LogFormat::Text, "laconic=info,warn");
     let config = load_config(args.config.clone(), |c| {
         args.tokenize.apply(&mut c.proxy.tokenize)
     })?;

@@ -176,9 +176,10 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
 
 /// Marks the collection as migrating, then waits: proxies read the markers
 /// with their dictionaries once a second, and rely on what they read for
-/// [`VIEW_LEASE`](crate::token::store::VIEW_LEASE) at most (a command past it reads them again first), so
-/// after [`MIGRATION_NOTICE`] every proxy writes the collection knowing of
-/// this one (and matches both forms) before anything changes.
+/// [`VIEW_LEASE`](crate::token::store::VIEW_LEASE) at most (a command past
+/// it reads them again first), so after [`MIGRATION_NOTICE`] every proxy
+/// writes the collection knowing of this one (and matches both forms)
+/// before anything changes.
 async fn announce(
     state_coll: &Collection<Document>,
     state_id: &str,
@@ -192,6 +193,10 @@ async fn announce(
         )
         .upsert(true)
         .await?;
+    tracing::info!(
+        wait = ?MIGRATION_NOTICE,
+        "migration announced; waiting for every proxy to know of it before the first change"
+    );
     tokio::time::sleep(MIGRATION_NOTICE).await;
     Ok(())
 }
