@@ -104,15 +104,8 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
 
     // The application, through the proxy: a writer of new documents and a
     // reader of old ones, all through the migration.
-    let mut config = common::proxy_config(&common::upstream().uri);
-    config.tokenize.min_len = 6;
-    config.tokenize.custom_paths = vec!["custom".into()];
-    config.tokenize.store_db = db_name("mig", "store");
-    let proxy = common::start(config).await;
-    let via: Collection<Document> = common::via_proxy(&proxy)
-        .await
-        .database(&app)
-        .collection("events");
+    let (_proxy, via) =
+        events_through(&app, |c| c.tokenize.store_db = db_name("mig", "store")).await;
     // The writer inserts new documents and, once the migration has
     // announced itself, increments a field (a custom attribute, so
     // tokenized) of old ones, migrated or not yet: each increment must land
@@ -368,6 +361,24 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     );
 }
 
+/// A proxy tokenizing as the migrations here do, with `configure`'s
+/// changes, and the collection `events` of `app` through it.
+async fn events_through(
+    app: &str,
+    configure: impl FnOnce(&mut laconic::config::ProxyConfig),
+) -> (laconic::downstream::ProxyHandle, Collection<Document>) {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.custom_paths = vec!["custom".into()];
+    configure(&mut config);
+    let proxy = common::start(config).await;
+    let via = common::via_proxy(&proxy)
+        .await
+        .database(app)
+        .collection("events");
+    (proxy, via)
+}
+
 /// A proxy relies on what it read of the store for `VIEW_LEASE` at most.
 /// Its watcher stalled here, a reverse migration is announced after its
 /// last read; the first command past the lease reads the markers again
@@ -381,15 +392,10 @@ async fn a_proxy_whose_watcher_stalls_reads_the_markers_again_past_its_lease() {
     let app = db_name("lease", "app");
     let direct = common::direct().await;
     direct.database(&app).drop().await.unwrap();
-    let mut config = common::proxy_config(&common::upstream().uri);
-    config.tokenize.min_len = 6;
-    config.tokenize.custom_paths = vec!["custom".into()];
-    config.tokenize.revalidate_ms = 3_600_000; // not within this test
-    let proxy = common::start(config).await;
-    let via: Collection<Document> = common::via_proxy(&proxy)
-        .await
-        .database(&app)
-        .collection("events");
+    let (_proxy, via) = events_through(&app, |c| {
+        c.tokenize.revalidate_ms = 3_600_000; // not within this test
+    })
+    .await;
     via.insert_one(original(1)).await.unwrap();
     let stored = common::stored(&app, "events").await;
     assert!(!stored[0].contains_key("customer_name"), "{stored:?}");
@@ -479,19 +485,12 @@ async fn a_store_that_hangs_is_not_relied_on_past_the_lease() {
     let (hold, held) = tokio::sync::watch::channel(false);
     let upstream = common::upstream();
     let relay = holding_relay(upstream.host.clone(), held).await;
-    let mut config = common::proxy_config(&upstream.uri);
-    config.tokenize.min_len = 6;
-    config.tokenize.custom_paths = vec!["custom".into()];
     let sep = if upstream.uri.contains('?') { "&" } else { "?" };
-    config.tokenize.store_uri = Some(format!(
+    let store_uri = format!(
         "{}{sep}directConnection=true",
         upstream.uri.replacen(&upstream.host, &relay, 1)
-    ));
-    let proxy = common::start(config).await;
-    let via: Collection<Document> = common::via_proxy(&proxy)
-        .await
-        .database(&app)
-        .collection("events");
+    );
+    let (_proxy, via) = events_through(&app, |c| c.tokenize.store_uri = Some(store_uri)).await;
     via.insert_one(original(1)).await.unwrap();
 
     hold.send(true).unwrap();
