@@ -510,14 +510,11 @@ impl Slab<'_> {
     pub fn put(&mut self, src: &[u8]) -> Result<(), Full> {
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn two<const W: usize>(to: &mut [u8], src: &[u8]) {
-            let n = src.len();
-            if let (Ok(head), Ok(tail), Ok(to_head)) = (
-                <[u8; W]>::try_from(&src[..W]),
-                <[u8; W]>::try_from(&src[n - W..]),
-                <&mut [u8; W]>::try_from(&mut to[..W]),
-            ) {
-                *to_head = head;
-                if let Ok(to_tail) = <&mut [u8; W]>::try_from(&mut to[n - W..]) {
+            if let (Some(&head), Some(&tail)) = (src.first_chunk::<W>(), src.last_chunk::<W>()) {
+                if let Some(to_head) = to.first_chunk_mut::<W>() {
+                    *to_head = head;
+                }
+                if let Some(to_tail) = to.last_chunk_mut::<W>() {
                     *to_tail = tail;
                 }
             }
