@@ -150,6 +150,7 @@ async fn tokens(config: &ProxyConfig) -> std::io::Result<Option<Tokens>> {
         .await
         .map_err(|e| invalid(format!("name store client: {e}")))?;
     let store = NameStore::new(client, t.cap, policies.clone())
-        .with_legacy(&t.store_db, &t.store_collection);
+        .with_legacy(&t.store_db, &t.store_collection)
+        .with_records(&t.store_db);
     Ok(Some(Tokens { policies, store }))
 }

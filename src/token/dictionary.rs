@@ -154,6 +154,9 @@ pub struct Dictionary {
     value_numbers: FxHashMap<Arc<str>, u32>,
     pub name_chain: Chain,
     pub value_chain: Chain,
+    /// Held back until it settles: its database had another dictionary
+    /// before ([`SETTLING`]).
+    pub settling: bool,
 }
 
 impl Dictionary {
@@ -170,6 +173,7 @@ impl Dictionary {
             value_numbers: FxHashMap::default(),
             name_chain: Chain::default(),
             value_chain: Chain::default(),
+            settling: false,
         }
     }
 
@@ -455,15 +459,33 @@ pub fn chain_id(epoch: Epoch, chain: &str, seq: i64) -> String {
 }
 
 /// A head document for a new dictionary.
-pub fn head_document(epoch: Epoch, cap: usize, origin: &str) -> Document {
-    doc! {
+///
+/// `settling`: the database had a dictionary before this one (it was
+/// dropped, and is being written again): no proxy uses the new one until
+/// it has settled ([`SETTLING`]).
+pub fn head_document(epoch: Epoch, cap: usize, origin: &str, settling: bool) -> Document {
+    let mut d = doc! {
         "epoch": epoch.to_bson(),
         "format": FORMAT,
         "cap": cap as i64,
         "created": bson::DateTime::now(),
         "origin": origin,
+    };
+    if settling {
+        d.insert(SETTLING, true);
     }
+    d
 }
+
+/// The head's field that holds a new dictionary back until no proxy can
+/// still hold the one its database had before: `true` while it settles,
+/// [`SPOILED`] if documents were written meanwhile; absent once settled.
+pub const SETTLING: &str = "settling";
+
+/// [`SETTLING`] once documents were found written while the dictionary
+/// settled: by a proxy that still used the dropped dictionary, or
+/// straight to the server.
+pub const SPOILED: &str = "spoiled";
 
 /// An empty chain document (the fields an upsert sets on insert).
 pub fn empty_chain_document(epoch: Epoch, chain: &str, seq: i64, base: i64) -> Document {
@@ -484,6 +506,8 @@ pub fn empty_chain_document(epoch: Epoch, chain: &str, seq: i64, base: i64) -> D
 pub struct Head {
     pub epoch: Epoch,
     pub cap: usize,
+    /// Held back until it settles ([`SETTLING`]).
+    pub settling: bool,
 }
 
 /// Reads a head document.
@@ -509,9 +533,25 @@ pub fn parse_head(scope: &str, d: &Document) -> Result<Head, Integrity> {
             scope: scope.to_owned(),
             what: "its head has no cap".into(),
         })?;
+    let settling = match d.get(SETTLING) {
+        None => false,
+        Some(Bson::Boolean(true)) => true,
+        Some(Bson::String(s)) if s == SPOILED => {
+            return Err(Integrity::Refilled {
+                scope: scope.to_owned(),
+            })
+        }
+        Some(other) => {
+            return Err(Integrity::Edited {
+                scope: scope.to_owned(),
+                what: format!("its head's {SETTLING} is {other}"),
+            })
+        }
+    };
     Ok(Head {
         epoch,
         cap: cap as usize,
+        settling,
     })
 }
 
@@ -549,6 +589,7 @@ pub fn build(scope: &str, head: Head, chain_docs: &[Document]) -> Result<Diction
         what,
     };
     let mut dict = Dictionary::empty(head.epoch, head.cap);
+    dict.settling = head.settling;
     for chain in ["names", "values"] {
         let mut docs: Vec<&Document> = chain_docs
             .iter()
@@ -659,10 +700,40 @@ mod tests {
         assert_eq!(dict.name(b"plain"), None);
     }
 
+    /// A head made after a drop is held back while it settles; one found
+    /// spoiled refuses its database; any other value is an edit.
+    #[test]
+    fn a_heads_settling_is_read_and_spoiled_refuses() {
+        let e = Epoch([7; 16]);
+        let settling = head_document(e, 2, "created", true);
+        let head = parse_head("app", &settling).unwrap();
+        assert!(head.settling);
+        assert!(build("app", head, &[]).unwrap().settling);
+        let plain = head_document(e, 2, "created", false);
+        assert!(!plain.contains_key(SETTLING));
+        assert!(!parse_head("app", &plain).unwrap().settling);
+        let mut spoiled = settling.clone();
+        spoiled.insert(SETTLING, SPOILED);
+        assert!(matches!(
+            parse_head("app", &spoiled),
+            Err(Integrity::Refilled { .. })
+        ));
+        let mut odd = settling;
+        odd.insert(SETTLING, 1);
+        assert!(matches!(
+            parse_head("app", &odd),
+            Err(Integrity::Edited { .. })
+        ));
+    }
+
     #[test]
     fn a_well_formed_chain_builds_and_edits_are_found() {
         let e = Epoch([7; 16]);
-        let head = Head { epoch: e, cap: 2 };
+        let head = Head {
+            epoch: e,
+            cap: 2,
+            settling: false,
+        };
         let docs = vec![
             names_doc(e, 0, &[("beta", "\u{4}"), ("alpha", "\u{2}")]),
             names_doc(e, 1, &[("gamma", "\u{6}")]),

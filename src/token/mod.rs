@@ -52,6 +52,11 @@ pub enum Integrity {
         expected: Epoch,
         found: Epoch,
     },
+    /// Documents were written while a new dictionary settled after a
+    /// drop: by a proxy that still used the dropped one, or straight to
+    /// the server. Read with the new one, they could bear other names.
+    #[error("the database {scope} was dropped and is written again, and documents reached it before its new dictionary settled: written by a proxy that had not yet learned of the drop (with the dropped dictionary) or straight to the server; they cannot be read with the new dictionary. Reads and writes of {scope} are refused: drop it again and write it afresh, or restore it from a backup")]
+    Refilled { scope: String },
 }
 
 impl Integrity {
@@ -63,7 +68,8 @@ impl Integrity {
             | Integrity::Edited { scope, .. }
             | Integrity::Format { scope, .. }
             | Integrity::UnknownTokens { scope, .. }
-            | Integrity::Mismatch { scope, .. } => scope,
+            | Integrity::Mismatch { scope, .. }
+            | Integrity::Refilled { scope } => scope,
         }
     }
 
@@ -77,6 +83,7 @@ impl Integrity {
             Integrity::Format { .. } => "format",
             Integrity::UnknownTokens { .. } => "unknown_tokens",
             Integrity::Mismatch { .. } => "mismatch",
+            Integrity::Refilled { .. } => "refilled",
         }
     }
 }

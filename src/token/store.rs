@@ -48,7 +48,7 @@ use tracing::{error, info, warn};
 
 use super::dictionary::{
     build, chain_id, check, empty_chain_document, head_document, parse_head, Dictionary, Epoch,
-    COLLECTION, HEAD_ID,
+    COLLECTION, HEAD_ID, SETTLING, SPOILED,
 };
 use super::namespace::Token;
 use super::policy::{Migration, Policies, State as MigrationState};
@@ -147,6 +147,23 @@ pub const MIGRATION_NOTICE: Duration = Duration::from_secs(15);
 /// within the lease is sent on that finding; one that took longer (names
 /// allocated, documents converted ahead of an update) has it checked again.
 pub const READY_WITHIN: Duration = Duration::from_secs(1);
+
+/// How long a dictionary made for a database that had one before (it was
+/// dropped, and is written again) is held back, from when a proxy first
+/// saw it: as long as a migration's notice, and for the same reason. A
+/// proxy that has not yet learned of the drop reads and writes with the
+/// dropped dictionary, whose tokens the new one gives to other names; it
+/// relies on that view for [`VIEW_LEASE`] at most. So no document is
+/// written with the new dictionary until every proxy has read the store
+/// since the drop, and the database is then checked to hold no document
+/// written meanwhile (with the dropped dictionary, or straight to the
+/// server): if one does, the database is refused
+/// ([`Integrity::Refilled`]) instead of being read under other names.
+pub const REFILL_NOTICE: Duration = MIGRATION_NOTICE;
+
+/// The collection of `store_db` that records which databases have had a
+/// dictionary.
+pub const RECORDS: &str = "dictionaries";
 
 /// When a successful read of the store began, in milliseconds since the
 /// process first used this clock (0: never).
@@ -252,6 +269,16 @@ struct Scope {
     last_read: parking_lot::Mutex<Option<(Arc<Dictionary>, Digest)>>,
     /// When the last successful read began.
     read: ReadBegan,
+    /// The dictionary read is held back until it settles: its identity,
+    /// and when this proxy first saw it ([`REFILL_NOTICE`])...
+    settling: parking_lot::Mutex<Option<(Epoch, Instant)>>,
+    /// ...and whether it is, read without a lock on every command.
+    held: std::sync::atomic::AtomicBool,
+    /// One check of a settling dictionary at a time (requests held back
+    /// share it).
+    settle: tokio::sync::Mutex<()>,
+    /// Whether this proxy has recorded that the database has a dictionary.
+    recorded: std::sync::atomic::AtomicBool,
 }
 
 impl Scope {
@@ -299,7 +326,8 @@ fn digest_of(docs: &[bson::RawDocumentBuf]) -> Digest {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
     pub scope: String,
-    /// `ready`, `absent`, `unloaded`, or the kind of failure.
+    /// `ready`, `settling` (made after a drop, held back), `absent`,
+    /// `unloaded`, or the kind of failure.
     pub state: &'static str,
     pub names: usize,
     pub values: usize,
@@ -329,6 +357,12 @@ struct Inner {
     policies: Policies,
     /// Where a format-1 store kept its chains, to name it in errors.
     legacy: Option<Collection<Document>>,
+    /// Which databases have had a dictionary (`<store_db>.dictionaries`,
+    /// which a `dropDatabase` of theirs leaves): a new one made for such a
+    /// database settles before it is used ([`REFILL_NOTICE`]). `None` for
+    /// the tools, which make no dictionary a proxy may be holding an
+    /// older one of.
+    records: Option<Collection<Document>>,
 }
 
 static EMPTY: LazyLock<Arc<Dictionary>> =
@@ -378,8 +412,18 @@ impl NameStore {
                 members: DashMap::default(),
                 policies,
                 legacy: None,
+                records: None,
             }),
         }
+    }
+
+    /// Records in `store_db` which databases have had a dictionary, so that
+    /// one dropped and written again gets a dictionary that settles first.
+    pub fn with_records(mut self, store_db: &str) -> NameStore {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.records = Some(database(&inner.client, store_db).collection(RECORDS));
+        }
+        self
     }
 
     /// Names the collection where a format-1 store kept its chains.
@@ -434,7 +478,11 @@ impl NameStore {
     /// as read.
     pub fn loaded(&self, db: &str) -> bool {
         let scope = self.inner.policies.scope_of(db);
-        let cell = self.scope(scope);
+        self.loaded_in(db, scope, &self.scope(scope))
+    }
+
+    /// [`NameStore::loaded`], given `db`'s scope and its cell.
+    fn loaded_in(&self, db: &str, scope: &str, cell: &Scope) -> bool {
         cell.is_fresh()
             && !matches!(*cell.state.read(), State::Unloaded)
             && (scope == db
@@ -470,12 +518,80 @@ impl NameStore {
         matches!(*self.scope(scope).state.read(), State::Ready(_))
     }
 
-    /// Reads the dictionary if this proxy never has.
+    /// Reads the dictionary if this proxy never has (or not within the
+    /// lease), and waits for one that is settling ([`REFILL_NOTICE`]).
     pub async fn ensure_loaded(&self, db: &str) -> Result<RoundTrips, StoreError> {
-        if self.loaded(db) {
-            return Ok(RoundTrips(0));
+        let scope = self.inner.policies.scope_of(db);
+        let cell = self.scope(scope);
+        let mut trips = if self.loaded_in(db, scope, &cell) {
+            RoundTrips(0)
+        } else {
+            self.refresh(db).await?
+        };
+        if cell.held.load(std::sync::atomic::Ordering::Acquire) {
+            trips.0 += self.until_settled(scope).await?.0;
         }
-        self.refresh(db).await
+        Ok(trips)
+    }
+
+    /// Waits until the dictionary of `scope` has settled: once
+    /// [`REFILL_NOTICE`] has passed since this proxy first saw it, checks
+    /// that the database holds no document written meanwhile and lets it
+    /// be used (or, if one does, refuses the database), unless another
+    /// proxy did first. Each proxy counts the notice from its own first
+    /// sight of the dictionary, which was made after the drop: no clocks
+    /// are compared.
+    async fn until_settled(&self, scope: &str) -> Result<RoundTrips, StoreError> {
+        let cell = self.scope(scope);
+        let mut trips = 0;
+        loop {
+            let Some((epoch, seen)) = *cell.settling.lock() else {
+                return Ok(RoundTrips(trips));
+            };
+            tokio::time::sleep(REFILL_NOTICE.saturating_sub(seen.elapsed())).await;
+            let _one = cell.settle.lock().await;
+            if cell.settling.lock().is_none() {
+                // Another request of this proxy settled it meanwhile.
+                continue;
+            }
+            let spoiled = self.has_documents(scope).await?;
+            let (update, verdict) = if spoiled {
+                (doc! {"$set": {SETTLING: SPOILED}}, "refused")
+            } else {
+                (doc! {"$unset": {SETTLING: ""}}, "settled")
+            };
+            // Whichever proxy decides first decides for all.
+            let r = self
+                .coll(scope)
+                .update_one(
+                    doc! {"_id": HEAD_ID, "epoch": epoch.to_bson(), SETTLING: true},
+                    update,
+                )
+                .await
+                .map_err(|e| StoreError::from_driver("update", e))?;
+            if r.modified_count == 1 {
+                info!(scope = ?scope, epoch = %epoch, "the dictionary made after a drop has {verdict}");
+            }
+            trips += 2 + self.reload_now(scope).await?.0;
+        }
+    }
+
+    /// Records that `scope` has a dictionary; returns whether it had one
+    /// before (this one replaces a dropped one).
+    async fn remember(&self, scope: &str) -> Result<bool, StoreError> {
+        let Some(records) = &self.inner.records else {
+            return Ok(false);
+        };
+        let before = records
+            .find_one_and_update(doc! {"_id": scope}, doc! {"$inc": {"made": 1i64}})
+            .upsert(true)
+            .return_document(ReturnDocument::Before)
+            .await
+            .map_err(|e| StoreError::from_driver("findAndModify", e))?;
+        self.scope(scope)
+            .recorded
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(before.is_some())
     }
 
     /// Reads the whole dictionary again and checks it against what this
@@ -567,6 +683,29 @@ impl NameStore {
                 return Err(e);
             }
         };
+        if let State::Ready(d) = &state {
+            // A dictionary made by another release, or by a tool, is
+            // recorded before it is used: were its database dropped and
+            // written again, the next one would settle first.
+            if self.inner.records.is_some() && !cell.recorded.load(Ordering::Acquire) {
+                if let Err(e) = self.record(scope).await {
+                    cell.suspect();
+                    return Err(e);
+                }
+            }
+            let mut settling = cell.settling.lock();
+            *settling = match *settling {
+                _ if !d.settling => None,
+                Some((epoch, seen)) if epoch == d.epoch => Some((epoch, seen)),
+                // First seen now, after the read that found it (which
+                // may have begun before it was made).
+                _ => Some((d.epoch, Instant::now())),
+            };
+            cell.held.store(settling.is_some(), Ordering::Release);
+        } else {
+            *cell.settling.lock() = None;
+            cell.held.store(false, Ordering::Release);
+        }
         *cell.unreadable.lock() = None;
         *cell.last_read.lock() = match &state {
             State::Ready(d) => Some((d.clone(), digest)),
@@ -578,6 +717,22 @@ impl NameStore {
         cell.cleared.fetch_max(covers, Ordering::AcqRel);
         cell.reloads.fetch_add(1, Ordering::Release);
         Ok(trips)
+    }
+
+    /// Records that `scope` has a dictionary, if no proxy has.
+    async fn record(&self, scope: &str) -> Result<(), StoreError> {
+        let Some(records) = &self.inner.records else {
+            return Ok(());
+        };
+        records
+            .update_one(doc! {"_id": scope}, doc! {"$setOnInsert": {"made": 1i64}})
+            .upsert(true)
+            .await
+            .map_err(|e| StoreError::from_driver("upsert", e))?;
+        self.scope(scope)
+            .recorded
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// A read that starts after the caller's own last write (allocations
@@ -630,9 +785,10 @@ impl NameStore {
                     State::Ready(d) => (d.len(), d.value_count()),
                     _ => (0, 0),
                 };
+                let held = e.value().held.load(std::sync::atomic::Ordering::Acquire);
                 Status {
                     scope: e.key().clone(),
-                    state: state.label(),
+                    state: if held { "settling" } else { state.label() },
                     names,
                     values,
                     error: match &state {
@@ -1003,10 +1159,11 @@ impl NameStore {
     pub async fn init(&self, db: &str, origin: &str) -> Result<(), StoreError> {
         let scope = self.inner.policies.scope_of(db);
         let epoch = Epoch::random();
+        let settling = origin == "created" && self.remember(scope).await?;
         self.coll(scope)
             .update_one(
                 doc! {"_id": HEAD_ID},
-                doc! {"$setOnInsert": head_document(epoch, self.inner.cap, origin)},
+                doc! {"$setOnInsert": head_document(epoch, self.inner.cap, origin, settling)},
             )
             .upsert(true)
             .await
@@ -1036,7 +1193,8 @@ impl NameStore {
                 .await
                 .map_err(|e| StoreError::from_driver("replace", e))?;
         }
-        self.reload_now(scope).await.map(|_| ())
+        self.reload_now(scope).await?;
+        self.until_settled(scope).await.map(|_| ())
     }
 
     /// Opens chain document `seq` (an upsert; several proxies may race).

@@ -79,7 +79,7 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
     let coll: Collection<RawDocumentBuf> = db.collection(&opts.collection);
     let t = &opts.tokenize;
     let policies = t.policies();
-    let store = NameStore::new(client.clone(), t.cap, policies.clone());
+    let store = NameStore::new(client.clone(), t.cap, policies.clone()).with_records(&t.store_db);
     let policy = policies.get(&opts.db, &opts.collection).clone();
     if !opts.reverse && !policy.is_active() {
         crate::tools::bail!(

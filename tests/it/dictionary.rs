@@ -258,8 +258,92 @@ async fn a_database_dropped_with_its_dictionary_is_forgotten_and_served_afresh()
     reads(&b, &expected).await;
 }
 
+/// Every document `c` reads is one of `written`, under the names it was
+/// written with; a refused read is allowed (it is not a wrong name).
+async fn never_misread(c: &Collection<Document>, written: &[Document], who: &str) {
+    if let Ok(docs) = common::by_id_checked(c, doc! {}).await {
+        for d in docs {
+            assert!(written.contains(&d), "{who} read {d:?}, never written");
+        }
+    }
+}
+
+/// A database dropped through one proxy is written again at once, while
+/// another proxy that has not read the store since the drop (its watcher
+/// is stalled) reads and writes it with the dropped dictionary, whose
+/// tokens the new one gives to other names. No document is ever read back
+/// under other names: the new dictionary settles before it is used (the
+/// first proxy's write waits), the stale proxy's document is found then,
+/// and the database is refused until it is dropped again; after that it
+/// is written afresh. Before the settling, the stale proxy read the new
+/// document as `alpha_field` and the new dictionary read the stale
+/// proxy's as `zeta_field`, for good.
 #[tokio::test]
-async fn a_database_dropped_through_the_proxy_is_written_afresh_at_once() {
+async fn a_proxy_that_missed_a_drop_neither_misreads_nor_mislabels() {
+    let db = db_name("missed_drop", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let uri = &common::upstream().uri;
+    let pa = tokenizing(uri).await;
+    let mut stalled = common::proxy_config(uri);
+    stalled.tokenize.min_len = 4;
+    stalled.tokenize.revalidate_ms = 3_600_000; // not within this test
+    let pb = common::start(stalled).await;
+    let (a, b) = (coll(&pa, &db).await, coll(&pb, &db).await);
+    let first = doc! {"_id": "first", "alpha_field": 1};
+    b.insert_one(first.clone()).await.unwrap();
+    reads(&a, std::slice::from_ref(&first)).await;
+    common::via_proxy(&pa)
+        .await
+        .database(&db)
+        .drop()
+        .await
+        .unwrap();
+
+    let written = [
+        doc! {"_id": "a", "zeta_field": 1},
+        doc! {"_id": "b", "alpha_field": 2},
+    ];
+    let began = Instant::now();
+    let a_writes = tokio::spawn({
+        let (a, d) = (a.clone(), written[0].clone());
+        async move { a.insert_one(d).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The stale proxy still holds the dropped dictionary, within its lease.
+    b.insert_one(written[1].clone()).await.unwrap();
+    never_misread(&b, &written, "the stale proxy").await;
+    let a_wrote = a_writes.await.unwrap().unwrap_err();
+    assert!(
+        began.elapsed() >= Duration::from_secs(14),
+        "the new dictionary was used before it settled: {:?}",
+        began.elapsed()
+    );
+    let (code, msg) = code_of(&a_wrote);
+    assert_eq!(code, 301, "{msg}");
+    assert!(msg.contains("before its new dictionary settled"), "{msg}");
+    for (c, who) in [(&a, "the first proxy"), (&b, "the stale proxy")] {
+        never_misread(c, &written, who).await;
+    }
+    refused(&a, "before its new dictionary settled").await;
+    refused(&b, "before its new dictionary settled").await;
+    assert_eq!(
+        stored_count(&db).await,
+        1,
+        "the stale proxy's document alone"
+    );
+
+    // Dropped again, it is written afresh once its next dictionary settles.
+    direct.database(&db).drop().await.unwrap();
+    reads(&a, &[]).await;
+    a.insert_one(written[0].clone()).await.unwrap();
+    reads(&a, &written[..1]).await;
+    let fresh = tokenizing(uri).await;
+    reads(&coll(&fresh, &db).await, &written[..1]).await;
+}
+
+#[tokio::test]
+async fn a_database_dropped_through_the_proxy_is_written_afresh_once_its_dictionary_settles() {
     let db = db_name("dict_dropvia", "app");
     common::direct().await.database(&db).drop().await.unwrap();
     let proxy = tokenizing(&common::upstream().uri).await;
@@ -268,16 +352,23 @@ async fn a_database_dropped_through_the_proxy_is_written_afresh_at_once() {
         .await
         .unwrap();
     // Dropped, then written at once with a name the old dictionary had:
-    // the new document gets a token of the new dictionary.
+    // the write waits until the new dictionary settles (the database had
+    // one before), and the new document gets a token of the new one.
     common::via_proxy(&proxy)
         .await
         .database(&db)
         .drop()
         .await
         .unwrap();
+    let began = Instant::now();
     c.insert_one(doc! {"_id": 2, "alpha_field": 2, "beta_field": 2})
         .await
         .unwrap();
+    assert!(
+        began.elapsed() >= Duration::from_secs(14),
+        "{:?}",
+        began.elapsed()
+    );
     let expected = [doc! {"_id": 2, "alpha_field": 2, "beta_field": 2}];
     reads(&c, &expected).await;
     // Still readable after the proxies' next revalidation.
