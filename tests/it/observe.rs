@@ -306,16 +306,22 @@ async fn a_dictionary_the_proxys_own_user_cannot_read_is_refused_and_named_on_re
     };
     let (allowed, denied) = (db_name("narrow", "ok"), db_name("narrow", "denied"));
     let root = common::as_root(&up.host, "directConnection=true").await;
+    // One database, and the store's own (where the proxy records which
+    // databases have had a dictionary).
+    let roles = bson::bson!([
+        {"role": "readWrite", "db": &allowed},
+        {"role": "readWrite", "db": "laconic"},
+    ]);
     let created = root
         .database("admin")
-        .run_command(doc! {
-            "createUser": "narrow",
-            "pwd": "narrow-pw",
-            "roles": [{"role": "readWrite", "db": &allowed}],
-        })
+        .run_command(doc! {"createUser": "narrow", "pwd": "narrow-pw", "roles": roles.clone()})
         .await;
     if let Err(e) = created {
         assert!(e.to_string().contains("already exists"), "{e}");
+        root.database("admin")
+            .run_command(doc! {"grantRolesToUser": "narrow", "roles": roles})
+            .await
+            .unwrap();
     }
     let mut config = common::proxy_config(&format!(
         "mongodb://narrow:narrow-pw@{}/?authSource=admin",
@@ -361,4 +367,50 @@ async fn a_dictionary_the_proxys_own_user_cannot_read_is_refused_and_named_on_re
     let (status, body) = get(proxy.metrics_addr.unwrap(), "/readyz").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(&format!("refusing {denied}")), "{body}");
+
+    // Without the store's database, it records nothing, so it makes no
+    // dictionary: the write is refused, with the server's reason, and not
+    // written untokenized.
+    let narrower = db_name("narrower", "ok");
+    let created = root
+        .database("admin")
+        .run_command(doc! {
+            "createUser": "narrower",
+            "pwd": "narrower-pw",
+            "roles": [{"role": "readWrite", "db": &narrower}],
+        })
+        .await;
+    if let Err(e) = created {
+        assert!(e.to_string().contains("already exists"), "{e}");
+    }
+    let mut config = common::proxy_config(&format!(
+        "mongodb://narrower:narrower-pw@{}/?authSource=admin",
+        up.host
+    ));
+    config.tokenize.min_len = 4;
+    let proxy = common::start(config).await;
+    let driver = common::as_root(proxy.addr, "retryWrites=false").await;
+    let err = driver
+        .database(&narrower)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1, "long_field_name": 1})
+        .await
+        .unwrap_err();
+    let e = common::command_error(err);
+    assert_eq!(e.code, 13, "{}", e.message);
+    assert!(
+        e.message.contains("not authorized on laconic"),
+        "{}",
+        e.message
+    );
+    let stored = root
+        .database(&narrower)
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(
+        stored, None,
+        "a document was written without its dictionary"
+    );
 }
