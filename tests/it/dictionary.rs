@@ -258,6 +258,12 @@ async fn a_database_dropped_with_its_dictionary_is_forgotten_and_served_afresh()
     reads(&b, &expected).await;
 }
 
+/// Drops `db` through `proxy`.
+async fn drop_through(proxy: &ProxyHandle, db: &str) {
+    let client = common::via_proxy(proxy).await;
+    client.database(db).drop().await.unwrap();
+}
+
 /// Every document `c` reads is one of `written`, under the names it was
 /// written with; a refused read is allowed (it is not a wrong name).
 async fn never_misread(c: &Collection<Document>, written: &[Document], who: &str) {
@@ -293,12 +299,7 @@ async fn a_proxy_that_missed_a_drop_neither_misreads_nor_mislabels() {
     let first = doc! {"_id": "first", "alpha_field": 1};
     b.insert_one(first.clone()).await.unwrap();
     reads(&a, std::slice::from_ref(&first)).await;
-    common::via_proxy(&pa)
-        .await
-        .database(&db)
-        .drop()
-        .await
-        .unwrap();
+    drop_through(&pa, &db).await;
 
     let written = [
         doc! {"_id": "a", "zeta_field": 1},
@@ -354,12 +355,7 @@ async fn a_database_dropped_through_the_proxy_is_written_afresh_once_its_diction
     // Dropped, then written at once with a name the old dictionary had:
     // the write waits until the new dictionary settles (the database had
     // one before), and the new document gets a token of the new one.
-    common::via_proxy(&proxy)
-        .await
-        .database(&db)
-        .drop()
-        .await
-        .unwrap();
+    drop_through(&proxy, &db).await;
     let began = Instant::now();
     c.insert_one(doc! {"_id": 2, "alpha_field": 2, "beta_field": 2})
         .await
