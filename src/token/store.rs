@@ -576,14 +576,21 @@ impl NameStore {
         }
     }
 
-    /// Records that `scope` has a dictionary; returns whether it had one
-    /// before (this one replaces a dropped one).
-    async fn remember(&self, scope: &str) -> Result<bool, StoreError> {
+    /// Records that `scope` has a dictionary, before it is used: `made`,
+    /// one this proxy is making (counted), or else one it read. Returns
+    /// whether a record was there already: for a dictionary being made,
+    /// whether it replaces a dropped one.
+    async fn record(&self, scope: &str, made: bool) -> Result<bool, StoreError> {
         let Some(records) = &self.inner.records else {
             return Ok(false);
         };
+        let update = if made {
+            doc! {"$inc": {"made": 1i64}}
+        } else {
+            doc! {"$setOnInsert": {"made": 1i64}}
+        };
         let before = records
-            .find_one_and_update(doc! {"_id": scope}, doc! {"$inc": {"made": 1i64}})
+            .find_one_and_update(doc! {"_id": scope}, update)
             .upsert(true)
             .return_document(ReturnDocument::Before)
             .await
@@ -688,7 +695,7 @@ impl NameStore {
             // recorded before it is used: were its database dropped and
             // written again, the next one would settle first.
             if self.inner.records.is_some() && !cell.recorded.load(Ordering::Acquire) {
-                if let Err(e) = self.record(scope).await {
+                if let Err(e) = self.record(scope, false).await {
                     cell.suspect();
                     return Err(e);
                 }
@@ -717,22 +724,6 @@ impl NameStore {
         cell.cleared.fetch_max(covers, Ordering::AcqRel);
         cell.reloads.fetch_add(1, Ordering::Release);
         Ok(trips)
-    }
-
-    /// Records that `scope` has a dictionary, if no proxy has.
-    async fn record(&self, scope: &str) -> Result<(), StoreError> {
-        let Some(records) = &self.inner.records else {
-            return Ok(());
-        };
-        records
-            .update_one(doc! {"_id": scope}, doc! {"$setOnInsert": {"made": 1i64}})
-            .upsert(true)
-            .await
-            .map_err(|e| StoreError::from_driver("upsert", e))?;
-        self.scope(scope)
-            .recorded
-            .store(true, std::sync::atomic::Ordering::Release);
-        Ok(())
     }
 
     /// A read that starts after the caller's own last write (allocations
@@ -1159,7 +1150,7 @@ impl NameStore {
     pub async fn init(&self, db: &str, origin: &str) -> Result<(), StoreError> {
         let scope = self.inner.policies.scope_of(db);
         let epoch = Epoch::random();
-        let settling = origin == "created" && self.remember(scope).await?;
+        let settling = origin == "created" && self.record(scope, true).await?;
         self.coll(scope)
             .update_one(
                 doc! {"_id": HEAD_ID},
