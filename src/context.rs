@@ -58,7 +58,11 @@ impl ProxyContext {
             Some(dir) => Some(CaptureDir::create(dir)?),
             None => None,
         };
-        let own = own_client(&driver_uri(&config.upstream, config.dns_server()).await?).await?;
+        let own = own_client(
+            &driver_uri(&config.upstream, config.dns_server()).await?,
+            config.connect_timeout(),
+        )
+        .await?;
         let shadow = match &config.shadow {
             Some(s) => Some(Arc::new(
                 crate::observe::Shadow::connect(&s.uri, s.sample)
@@ -122,14 +126,17 @@ async fn driver_uri(uri: &str, dns: Option<std::net::SocketAddr>) -> std::io::Re
     }
 }
 
-/// A client that gives up on the upstream after 2 s, for readiness checks.
-async fn own_client(uri: &str) -> std::io::Result<mongodb::Client> {
+/// The proxy's own client of the upstream. Its connections, and the
+/// checks of its monitor, are timed like the sessions' (`connect_timeout`):
+/// a monitor's check that gives up sooner than a busy upstream answers
+/// takes the client's connections down with it, conversions in flight
+/// included. Readiness checks set their own shorter limit.
+async fn own_client(uri: &str, connect_timeout: Duration) -> std::io::Result<mongodb::Client> {
     let bad_uri = |e: mongodb::error::Error| invalid(format!("upstream URI: {e}"));
     let mut options = mongodb::options::ClientOptions::parse(uri)
         .await
         .map_err(bad_uri)?;
-    options.server_selection_timeout = Some(Duration::from_secs(2));
-    options.connect_timeout = Some(Duration::from_secs(2));
+    options.connect_timeout = Some(connect_timeout);
     options.app_name = Some("laconic".into());
     mongodb::Client::with_options(options).map_err(bad_uri)
 }

@@ -35,6 +35,19 @@ pub enum ConvertError {
     Other(String),
 }
 
+impl ConvertError {
+    /// Whether the upstream (or the name store) could not be reached, or a
+    /// connection to it failed: a conversion stopped by it can be done
+    /// again, each of its writes being conditional.
+    pub fn is_network_failure(&self) -> bool {
+        match self {
+            ConvertError::Driver(e) => crate::token::store::is_network_failure(e),
+            ConvertError::Store(e) => e.is_network_failure(),
+            _ => false,
+        }
+    }
+}
+
 /// A collection and the form its documents are brought to.
 pub struct Target<'a> {
     pub coll: &'a Collection<RawDocumentBuf>,

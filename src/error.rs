@@ -1,8 +1,9 @@
 //! Errors, tagged with the side at fault, and the one place where they become
 //! MongoDB-style replies (`ok: 0`, `errmsg`, `code`, `codeName`).
 
-use bson::{doc, RawDocumentBuf};
+use bson::{doc, RawDocument, RawDocumentBuf};
 
+use crate::rewrite::walker::Fields;
 use crate::token::StoreError;
 use crate::wire::{Frame, Message, MsgFlags, OpMsg, OpReply, WireError};
 
@@ -65,9 +66,10 @@ pub enum ProxyError {
     #[error("{0}")]
     MemoryLimit(String),
     /// Documents of a collection being migrated could not be rewritten ahead
-    /// of an update (they kept changing, or the upstream failed).
-    #[error("{0}")]
-    Migration(String),
+    /// of an update: they kept changing, or (`network`) the upstream could
+    /// not be reached.
+    #[error("{message}")]
+    Migration { message: String, network: bool },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -84,7 +86,7 @@ impl ProxyError {
             | ProxyError::OtherSession(_)
             | ProxyError::Overflow => Side::Downstream,
             ProxyError::MemoryLimit(_) => Side::Internal,
-            ProxyError::Store(_) | ProxyError::Dictionary(_) | ProxyError::Migration(_) => {
+            ProxyError::Store(_) | ProxyError::Dictionary(_) | ProxyError::Migration { .. } => {
                 Side::Upstream
             }
             ProxyError::ReplyTooLarge(_) => Side::Upstream,
@@ -106,7 +108,8 @@ impl ProxyError {
             ProxyError::OtherSession(_) => (50738, "Location50738"),
             ProxyError::MemoryLimit(_) => (146, "ExceededMemoryLimit"),
             ProxyError::Overflow => (15, "Overflow"),
-            ProxyError::Migration(_) => (112, "WriteConflict"),
+            ProxyError::Migration { network: true, .. } => (6, "HostUnreachable"),
+            ProxyError::Migration { .. } => (112, "WriteConflict"),
             ProxyError::Store(StoreError::Unreachable(_)) => (6, "HostUnreachable"),
             ProxyError::Store(StoreError::Refused { code, .. }) => (*code, code_name(*code)),
             ProxyError::Store(StoreError::Integrity(_)) | ProxyError::Dictionary(_) => {
@@ -120,6 +123,18 @@ impl ProxyError {
         }
     }
 
+    /// Whether the upstream, or the name store in it, could not be reached
+    /// or failed mid-request: a network failure, after which a driver may
+    /// send its command again.
+    pub fn is_network_failure(&self) -> bool {
+        match self {
+            ProxyError::UpstreamUnavailable { .. } | ProxyError::UpstreamLost(_) => true,
+            ProxyError::Store(e) => e.is_network_failure(),
+            ProxyError::Migration { network, .. } => *network,
+            _ => false,
+        }
+    }
+
     /// Whether the session can go on after answering this error.
     pub fn ends_session(&self) -> bool {
         !matches!(
@@ -130,7 +145,7 @@ impl ProxyError {
                 | ProxyError::OtherSession(_)
                 | ProxyError::MemoryLimit(_)
                 | ProxyError::Overflow
-                | ProxyError::Migration(_)
+                | ProxyError::Migration { .. }
                 | ProxyError::Store(_)
                 | ProxyError::Dictionary(_)
                 | ProxyError::ReplyTooLarge(_)
@@ -178,8 +193,30 @@ fn code_name(code: i32) -> &'static str {
     }
 }
 
-/// The error document: `{ok: 0, errmsg, code, codeName}`.
-pub fn error_document(err: &ProxyError) -> RawDocumentBuf {
+/// The label a server or mongos gives a network failure that `request`
+/// met, by what the request is. From wire version 9 on, drivers judge
+/// whether to send a write again by its labels alone, not by its code:
+/// - a retryable write (a `txnNumber` outside a transaction), and a
+///   transaction's commit or abort: `RetryableWriteError`;
+/// - any other statement of a transaction (`autocommit: false`):
+///   `TransientTransactionError`, so the whole transaction may be run again.
+///
+/// A read needs none: drivers retry reads by the code.
+fn network_label(request: &RawDocument) -> Option<&'static str> {
+    request.field("txnNumber")?;
+    let command = request.first()?.key;
+    if command == b"commitTransaction" || command == b"abortTransaction" {
+        return Some("RetryableWriteError");
+    }
+    Some(match request.field("autocommit") {
+        Some(_) => "TransientTransactionError",
+        None => "RetryableWriteError",
+    })
+}
+
+/// The error document: `{ok: 0, errmsg, code, codeName}`, and the
+/// `errorLabels` a network failure met by `request` carries.
+pub fn error_document(err: &ProxyError, request: Option<&RawDocument>) -> RawDocumentBuf {
     let (code, name) = err.code();
     // The store's refusals carry the server's own name for the code (the
     // table above, which metrics label with, knows only some).
@@ -197,7 +234,13 @@ pub fn error_document(err: &ProxyError) -> RawDocumentBuf {
     ) {
         errmsg = format!("laconic: {errmsg}");
     }
-    let d = doc! { "ok": 0.0, "errmsg": errmsg, "code": code, "codeName": name };
+    let mut d = doc! { "ok": 0.0, "errmsg": errmsg, "code": code, "codeName": name };
+    if let Some(label) = request
+        .filter(|_| err.is_network_failure())
+        .and_then(network_label)
+    {
+        d.insert("errorLabels", vec![label]);
+    }
     // A document of plain strings and numbers always serializes.
     RawDocumentBuf::from_document(&d).unwrap_or_default()
 }
@@ -205,10 +248,16 @@ pub fn error_document(err: &ProxyError) -> RawDocumentBuf {
 /// The reply to `request` that reports `err`, in the request's own protocol:
 /// OP_REPLY for an OP_QUERY, OP_MSG otherwise.
 pub fn error_reply(err: &ProxyError, request: &Frame, request_id: i32) -> Frame {
-    let body = error_document(err);
     let message = match request.message() {
-        Message::Query(_) => Message::Reply(OpReply::single(&body)),
-        _ => Message::Msg(OpMsg::from_body(MsgFlags::default(), &body)),
+        Message::Query(_) => Message::Reply(OpReply::single(&error_document(err, None))),
+        Message::Msg(m) => Message::Msg(OpMsg::from_body(
+            MsgFlags::default(),
+            &error_document(err, Some(m.body())),
+        )),
+        _ => Message::Msg(OpMsg::from_body(
+            MsgFlags::default(),
+            &error_document(err, None),
+        )),
     };
     Frame::new(request_id, request.header.request_id, message)
 }
@@ -216,6 +265,74 @@ pub fn error_reply(err: &ProxyError, request: &Frame, request_id: i32) -> Frame 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labels(err: &ProxyError, request: bson::Document) -> Vec<String> {
+        let request = RawDocumentBuf::from_document(&request).unwrap();
+        let d = error_document(err, Some(&request));
+        match d.get_array("errorLabels") {
+            Ok(a) => a
+                .into_iter()
+                .map(|l| l.unwrap().as_str().unwrap().to_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// A network failure carries the label a server gives it, by what
+    /// the request was: drivers send a write again on the label alone.
+    #[test]
+    fn a_network_failure_is_labelled_as_the_server_would_label_it() {
+        let lost = ProxyError::UpstreamLost("reset".into());
+        let lsid = doc! {"id": 1};
+        let retryable = doc! {"insert": "c", "documents": [], "lsid": lsid.clone(), "txnNumber": 4_i64, "$db": "a"};
+        assert_eq!(labels(&lost, retryable.clone()), ["RetryableWriteError"]);
+        let statement = doc! {"find": "c", "lsid": lsid.clone(), "txnNumber": 4_i64, "autocommit": false, "$db": "a"};
+        assert_eq!(labels(&lost, statement), ["TransientTransactionError"]);
+        let commit = doc! {"commitTransaction": 1, "lsid": lsid.clone(), "txnNumber": 4_i64, "autocommit": false, "$db": "admin"};
+        assert_eq!(labels(&lost, commit), ["RetryableWriteError"]);
+        // A read, or a write that is not retryable: drivers judge by the code.
+        let read = doc! {"find": "c", "lsid": lsid.clone(), "$db": "a"};
+        assert!(labels(&lost, read).is_empty());
+        let plain = doc! {"insert": "c", "documents": [], "$db": "a"};
+        assert!(labels(&lost, plain).is_empty());
+
+        // The name store unreachable or too slow, or a conversion ahead of
+        // an update cut off: network failures too, with network codes.
+        for err in [
+            ProxyError::Store(StoreError::TimedOut("read")),
+            ProxyError::Migration {
+                message: "cut".into(),
+                network: true,
+            },
+        ] {
+            assert!(matches!(err.code().0, 6 | 89), "{err}");
+            assert_eq!(labels(&err, retryable.clone()), ["RetryableWriteError"]);
+        }
+        // An answer is no network failure: no label, whatever the request.
+        for err in [
+            ProxyError::Migration {
+                message: "kept changing".into(),
+                network: false,
+            },
+            ProxyError::Store(StoreError::Refused {
+                operation: "findAndModify",
+                code: 64,
+                code_name: "WriteConcernFailed".into(),
+                message: "no majority".into(),
+            }),
+            ProxyError::Unsupported("$where".into()),
+        ] {
+            assert!(labels(&err, retryable.clone()).is_empty(), "{err}");
+        }
+        assert_eq!(
+            ProxyError::Migration {
+                message: "kept changing".into(),
+                network: false
+            }
+            .code(),
+            (112, "WriteConflict")
+        );
+    }
 
     /// A refusal of the store's command keeps the server's code and its
     /// name for it, also for a code the proxy's own table does not know.
@@ -227,7 +344,7 @@ mod tests {
             code_name: "UnsatisfiableWriteConcern".into(),
             message: "Not enough data-bearing nodes".into(),
         });
-        let d = error_document(&err);
+        let d = error_document(&err, None);
         assert_eq!(d.get_i32("code"), Ok(100));
         assert_eq!(d.get_str("codeName"), Ok("UnsatisfiableWriteConcern"));
         assert!(d

@@ -4,10 +4,11 @@
 //! the migration converts them (one conditional update each), so that the
 //! update meets the stored form only.
 
-use tracing::debug;
+use bson::Document;
+use tracing::{debug, warn};
 
 use crate::context::ProxyContext;
-use crate::convert::Target;
+use crate::convert::{ConvertError, Target};
 use crate::error::ProxyError;
 use crate::rewrite;
 use crate::rewrite::walker::Fields;
@@ -44,12 +45,30 @@ pub(super) async fn convert_ahead(
         reverse: migration == Migration::Reverse,
     };
     for filter in filters {
-        let n = target.convert_matching(filter).await.map_err(|e| {
-            ProxyError::Migration(format!(
+        let n = convert_matching(&target, filter).await.map_err(|e| ProxyError::Migration {
+            network: e.is_network_failure(),
+            message: format!(
                 "{db}.{coll} is being migrated, and the documents this update matches could not be brought to one form first: {e}"
-            ))
+            ),
         })?;
         debug!(db, coll, documents = n, "converted ahead of an update");
     }
     Ok(())
+}
+
+/// Converts what `filter` matches, once more if a connection failed on
+/// the way: every write of a conversion is conditional, so one that
+/// stopped halfway is done again safely, and the update is not held back
+/// by one lost connection of the proxy's own.
+async fn convert_matching(target: &Target<'_>, filter: Document) -> Result<u64, ConvertError> {
+    match target.convert_matching(filter.clone()).await {
+        Err(e) if e.is_network_failure() => {
+            warn!(
+                db = target.db,
+                "converting ahead of an update: {e}; converting again"
+            );
+            target.convert_matching(filter).await
+        }
+        done => done,
+    }
 }

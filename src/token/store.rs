@@ -84,6 +84,19 @@ pub enum StoreError {
     Stale(String),
 }
 
+/// Whether a driver error is a network failure (the upstream could not be
+/// reached, or a connection to it failed), not an answer.
+pub fn is_network_failure(e: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    matches!(
+        *e.kind,
+        ErrorKind::Io(_)
+            | ErrorKind::ServerSelection { .. }
+            | ErrorKind::ConnectionPoolCleared { .. }
+            | ErrorKind::DnsResolve { .. }
+    )
+}
+
 impl StoreError {
     fn from_driver(operation: &'static str, e: mongodb::error::Error) -> StoreError {
         use mongodb::error::{ErrorKind, WriteFailure};
@@ -107,10 +120,7 @@ impl StoreError {
                 code_name: w.code_name.clone(),
                 message: w.message.clone(),
             },
-            ErrorKind::Io(_)
-            | ErrorKind::ServerSelection { .. }
-            | ErrorKind::ConnectionPoolCleared { .. }
-            | ErrorKind::DnsResolve { .. } => StoreError::Unreachable(e),
+            _ if is_network_failure(&e) => StoreError::Unreachable(e),
             _ => StoreError::Refused {
                 operation,
                 code: 1,
@@ -118,6 +128,13 @@ impl StoreError {
                 message: e.to_string(),
             },
         }
+    }
+
+    /// Whether the store could not be reached, or answered too late: a
+    /// network failure, which the command it held back may be sent again
+    /// after.
+    pub fn is_network_failure(&self) -> bool {
+        matches!(self, StoreError::Unreachable(_) | StoreError::TimedOut(_))
     }
 
     fn is_duplicate_key(&self) -> bool {
