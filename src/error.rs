@@ -166,9 +166,17 @@ pub struct Outcome {
 /// The driver is answered when it awaits a reply it has not had, and the
 /// connection closes when the error leaves the session unusable or replies
 /// of a stream are still due upstream.
+///
+/// An upstream connection that fails mid-request is the exception: the
+/// driver's connection closes without a reply, as it would if it were
+/// connected to the upstream itself. Drivers take that as the network
+/// failure it is: they send a retryable write or read again on a new
+/// connection (a reply on a connection about to close would have them
+/// send it again on that one), end a transaction's attempt, and open new
+/// connections in place of those they pooled.
 pub fn outcome(e: &ProxyError, reply_due: bool, replies_pending: bool) -> Outcome {
     Outcome {
-        answer: reply_due,
+        answer: reply_due && !matches!(e, ProxyError::UpstreamLost(_)),
         close: e.ends_session() || replies_pending,
     }
 }

@@ -169,19 +169,23 @@ impl Session {
         while let Some(reply) = self.next_reply(x.exhaust()).await? {
             *pending = reply.more_to_come();
             let reply = x.reply(&self.ctx, &mut self.state, reply).await?;
+            if x.upstream_moved() {
+                // Every connection the driver pooled is on the old primary:
+                // its connection closes without this reply, so that the
+                // driver drops them all and sends its retryable write or
+                // read again on a new one, which opens on the new primary.
+                self.ctx.upstream.topology.suspect();
+                self.upstream.drop_connection();
+                return Err(ProxyError::UpstreamLost(
+                    "the upstream host is no longer the primary; the driver reconnects to the new one"
+                        .into(),
+                ));
+            }
             self.write_back(x, reply).await?;
             x.answered();
             if !*pending {
                 break;
             }
-        }
-        if x.upstream_moved() {
-            self.ctx.upstream.topology.suspect();
-            self.upstream.drop_connection();
-            return Err(ProxyError::UpstreamLost(
-                "the upstream host is no longer the primary; the driver reconnects to the new one"
-                    .into(),
-            ));
         }
         Ok(())
     }
