@@ -583,6 +583,27 @@ async fn a_write_whose_reply_is_lost_upstream_is_retried_and_applied_once() {
         "applied once"
     );
 
+    // A second driver, pymongo, does the same.
+    hosts[0].set(CUT_AFTER_WRITE);
+    let script = "import sys, pymongo\n\
+        c = pymongo.MongoClient(sys.argv[1])[sys.argv[2]]['c']\n\
+        r = c.update_one({'_id': 1}, {'$inc': {'counter_field': 1}})\n\
+        assert r.matched_count == 1, r.raw_result\n";
+    let out = tokio::process::Command::new(common::venv_python())
+        .args(["-c", script])
+        .arg(format!("mongodb://{}/?retryWrites=true", proxy.addr))
+        .arg(db_name("lost_reply", "app"))
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(hosts[0].mode.load(Ordering::SeqCst), PRIMARY, "no cut");
+    assert_eq!(
+        common::by_id(&c, doc! {}).await,
+        vec![doc! {"_id": 1, "counter_field": 2}],
+        "applied once"
+    );
+
     // Without retryable writes: the driver is told of the network failure,
     // as it would be by a server whose connection failed.
     let plain = common::via_proxy(&proxy)
@@ -598,6 +619,6 @@ async fn a_write_whose_reply_is_lost_upstream_is_retried_and_applied_once() {
     assert_eq!(hosts[0].mode.load(Ordering::SeqCst), PRIMARY, "no cut");
     assert_eq!(
         common::by_id(&c, doc! {}).await,
-        vec![doc! {"_id": 1, "counter_field": 2}]
+        vec![doc! {"_id": 1, "counter_field": 3}]
     );
 }
