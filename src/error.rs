@@ -256,16 +256,10 @@ pub fn error_document(err: &ProxyError, request: Option<&RawDocument>) -> RawDoc
 /// The reply to `request` that reports `err`, in the request's own protocol:
 /// OP_REPLY for an OP_QUERY, OP_MSG otherwise.
 pub fn error_reply(err: &ProxyError, request: &Frame, request_id: i32) -> Frame {
+    let body = error_document(err, request.op_msg().map(|m| m.body()));
     let message = match request.message() {
-        Message::Query(_) => Message::Reply(OpReply::single(&error_document(err, None))),
-        Message::Msg(m) => Message::Msg(OpMsg::from_body(
-            MsgFlags::default(),
-            &error_document(err, Some(m.body())),
-        )),
-        _ => Message::Msg(OpMsg::from_body(
-            MsgFlags::default(),
-            &error_document(err, None),
-        )),
+        Message::Query(_) => Message::Reply(OpReply::single(&body)),
+        _ => Message::Msg(OpMsg::from_body(MsgFlags::default(), &body)),
     };
     Frame::new(request_id, request.header.request_id, message)
 }
@@ -290,7 +284,9 @@ mod tests {
     /// the request was: drivers send a write again on the label alone.
     #[test]
     fn a_network_failure_is_labelled_as_the_server_would_label_it() {
-        let lost = ProxyError::UpstreamLost("reset".into());
+        // The name store past its lease: the command was not sent, and the
+        // session goes on.
+        let lost = ProxyError::Store(StoreError::TimedOut("read"));
         let lsid = doc! {"id": 1};
         let retryable = doc! {"insert": "c", "documents": [], "lsid": lsid.clone(), "txnNumber": 4_i64, "$db": "a"};
         assert_eq!(labels(&lost, retryable.clone()), ["RetryableWriteError"]);
@@ -304,18 +300,14 @@ mod tests {
         let plain = doc! {"insert": "c", "documents": [], "$db": "a"};
         assert!(labels(&lost, plain).is_empty());
 
-        // The name store unreachable or too slow, or a conversion ahead of
-        // an update cut off: network failures too, with network codes.
-        for err in [
-            ProxyError::Store(StoreError::TimedOut("read")),
-            ProxyError::Migration {
-                message: "cut".into(),
-                network: true,
-            },
-        ] {
-            assert!(matches!(err.code().0, 6 | 89), "{err}");
-            assert_eq!(labels(&err, retryable.clone()), ["RetryableWriteError"]);
-        }
+        // A conversion ahead of an update cut off: a network failure too,
+        // with a network code.
+        let cut = ProxyError::Migration {
+            message: "cut".into(),
+            network: true,
+        };
+        assert_eq!(cut.code(), (6, "HostUnreachable"));
+        assert_eq!(labels(&cut, retryable.clone()), ["RetryableWriteError"]);
         // An answer is no network failure: no label, whatever the request.
         for err in [
             ProxyError::Migration {
