@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document, RawDocumentBuf};
 use futures::{SinkExt, StreamExt};
+use laconic::downstream::ProxyHandle;
 use laconic::wire::{Frame, Message, MessageCodec, MsgFlags, OpMsg, MAX_MESSAGE_SIZE};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Framed;
@@ -225,15 +226,17 @@ fn uri(relays: &[Relay], options: &str) -> String {
     format!("mongodb://{}/?{options}", hosts.join(","))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sessions_follow_the_primary_and_writes_survive_a_failover() {
-    let hosts = relays(&[SECONDARY, PRIMARY]).await;
+/// A tokenizing proxy in front of relays playing a replica set (`modes`),
+/// and collection `c` of test `test`'s database, emptied, through it with
+/// a driver that retries its writes.
+async fn retrying_through_a_set(
+    modes: &[u8],
+    test: &str,
+) -> (Vec<Relay>, ProxyHandle, mongodb::Collection<Document>) {
+    let hosts = relays(modes).await;
     let mut config = common::proxy_config(&uri(&hosts, "replicaSet=rs0&heartbeatFrequencyMS=500"));
     config.tokenize.min_len = 4;
     let proxy = common::start(config).await;
-    // After its connection closes the driver re-checks the proxy at once
-    // (no sooner than 500 ms after its last check), whatever its heartbeat,
-    // and then retries.
     let client = mongodb::Client::with_uri_str(format!(
         "mongodb://{}/?retryWrites=true&maxIdleTimeMS=120000",
         proxy.addr
@@ -241,9 +244,18 @@ async fn sessions_follow_the_primary_and_writes_survive_a_failover() {
     .await
     .unwrap();
     let c = client
-        .database(&db_name("failover", "app"))
+        .database(&db_name(test, "app"))
         .collection::<Document>("c");
     c.drop().await.unwrap();
+    (hosts, proxy, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_follow_the_primary_and_writes_survive_a_failover() {
+    // After its connection closes the driver re-checks the proxy at once
+    // (no sooner than 500 ms after its last check), whatever its heartbeat,
+    // and then retries.
+    let (hosts, _proxy, c) = retrying_through_a_set(&[SECONDARY, PRIMARY], "failover").await;
     for i in 0..20 {
         c.insert_one(doc! {"_id": i, "written_before": true})
             .await
@@ -552,20 +564,7 @@ async fn without_a_majority_new_names_are_refused_and_known_ones_keep_working() 
 /// directly, and stays applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_reply_is_lost_upstream_is_retried_and_applied_once() {
-    let hosts = relays(&[PRIMARY]).await;
-    let mut config = common::proxy_config(&uri(&hosts, "replicaSet=rs0&heartbeatFrequencyMS=500"));
-    config.tokenize.min_len = 4;
-    let proxy = common::start(config).await;
-    let client = mongodb::Client::with_uri_str(format!(
-        "mongodb://{}/?retryWrites=true&maxIdleTimeMS=120000",
-        proxy.addr
-    ))
-    .await
-    .unwrap();
-    let c = client
-        .database(&db_name("lost_reply", "app"))
-        .collection::<Document>("c");
-    c.drop().await.unwrap();
+    let (hosts, proxy, c) = retrying_through_a_set(&[PRIMARY], "lost_reply").await;
     c.insert_one(doc! {"_id": 1, "counter_field": 0})
         .await
         .unwrap();
