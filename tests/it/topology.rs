@@ -26,15 +26,16 @@ const MONGOS: u8 = 2;
 const DOWN: u8 = 3;
 /// A primary whose secondaries are gone: `w: "majority"` times out.
 const NO_MAJORITY: u8 = 4;
-/// A primary whose connection fails once a write has reached it, before
-/// the reply comes back; then a primary again.
+/// A primary whose connection fails once an application's write has
+/// reached it, before the reply comes back; then a primary again.
 const CUT_AFTER_WRITE: u8 = 5;
 
 /// One host of a pretend deployment.
 struct Relay {
     addr: String,
     mode: Arc<AtomicU8>,
-    /// Write commands forwarded to the upstream.
+    /// The application's write commands forwarded to the upstream (not the
+    /// name store's own).
     writes: Arc<AtomicUsize>,
 }
 
@@ -87,6 +88,7 @@ async fn relay(target: String, mode: u8, set: Arc<parking_lot::Mutex<Vec<String>
                         return;
                     }
                     let name = request.command_name().unwrap_or_default().to_owned();
+                    let app_write = WRITES.contains(&name.as_str()) && !of_the_store(&request);
                     if mode == SECONDARY && WRITES.contains(&name.as_str()) {
                         let body = doc! {"ok": 0.0, "errmsg": "not primary", "code": 10107, "codeName": "NotWritablePrimary"};
                         let reply = reply_to(&request, &body);
@@ -95,7 +97,7 @@ async fn relay(target: String, mode: u8, set: Arc<parking_lot::Mutex<Vec<String>
                         }
                         continue;
                     }
-                    if WRITES.contains(&name.as_str()) {
+                    if app_write {
                         w.fetch_add(1, Ordering::SeqCst);
                     }
                     if s.send(request.clone()).await.is_err() {
@@ -104,7 +106,7 @@ async fn relay(target: String, mode: u8, set: Arc<parking_lot::Mutex<Vec<String>
                     let Some(Ok(reply)) = s.next().await else {
                         return;
                     };
-                    if mode == CUT_AFTER_WRITE && WRITES.contains(&name.as_str()) {
+                    if mode == CUT_AFTER_WRITE && app_write {
                         m.store(PRIMARY, Ordering::SeqCst);
                         return; // both connections closed, the write applied
                     }
@@ -129,6 +131,18 @@ async fn relay(target: String, mode: u8, set: Arc<parking_lot::Mutex<Vec<String>
         }
     });
     Relay { addr, mode, writes }
+}
+
+/// Whether a command writes the name store (a dictionary, in its
+/// database's `__laconic`, or the record of one, in `laconic.dictionaries`).
+fn of_the_store(request: &Frame) -> bool {
+    let Some(m) = request.op_msg() else {
+        return false;
+    };
+    let body = m.body();
+    let target = body.into_iter().next().and_then(|e| e.ok()?.1.as_str());
+    let db = body.get_str("$db").unwrap_or_default();
+    target == Some("__laconic") || (db == "laconic" && target == Some("dictionaries"))
 }
 
 fn reply_to(request: &Frame, body: &Document) -> Frame {
