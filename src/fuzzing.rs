@@ -109,9 +109,31 @@ pub fn request(data: &[u8]) {
         let cmd = Command::from_msg(m).expect("a rewritten command parses");
         bson::to_vec(&cmd.body).expect("and serializes")
     };
+    let policy = policy();
     let raw = match entry.name {
-        "insert" => mapper::raw::insert(&m, &policy(), &dict).ok(),
-        name => mapper::splice::command(&m, name, &policy(), &dict, &dict).ok(),
+        "insert" => mapper::raw::insert(&m, &policy, &dict).ok(),
+        "bulkWrite" => {
+            // Each op with the names of its namespace, if that database
+            // shares the dictionary, as the owned mapper takes it.
+            let ns_info = m.body().get_array("nsInfo").ok();
+            let namespaces: Vec<_> = ns_info
+                .into_iter()
+                .flatten()
+                .map(|ns| {
+                    let ns = ns.ok()?.as_document()?.get_str("ns").ok()?;
+                    let db = ns.split_once('.')?.0;
+                    policies
+                        .same_dictionary(db, "app")
+                        .then_some(mapper::splice::OpNames {
+                            policy: &policy,
+                            read: &dict,
+                            store: &dict,
+                        })
+                })
+                .collect();
+            mapper::splice::bulk_write(&m, &namespaces).ok()
+        }
+        name => mapper::splice::command(&m, name, &policy, &dict, &dict).ok(),
     };
     if let Some(raw) = raw {
         let owned = owned.expect("a raw rewrite takes nothing the owned mapper refuses");
@@ -150,6 +172,11 @@ mod tests {
             doc! {"updates": [{"q": {"first_name": 1}, "u": {"$set": {"custom.New One": 2, "last_name": 3}}}]},
             doc! {"pipeline": [{"$match": {"amount": {"$gt": 1}}}, {"$group": {"_id": "$first_name", "n": {"$sum": 1}}}]},
             doc! {"documents": [{"_id": 1, "first_name": "x", "\u{1f}": 2}]},
+            doc! {"ops": [
+                {"insert": 0, "document": {"_id": 1, "first_name": "x", "custom": {"Favorite Player": 1}}},
+                {"update": 0, "filter": {"first_name": "x"}, "updateMods": {"$set": {"last_name": 3}}, "upsert": true},
+                {"delete": 1i64, "filter": {"amount": {"$gt": 1}}},
+            ], "nsInfo": [{"ns": "app.c"}, {"ns": "other.c"}]},
         ]
         .iter()
         .map(|d| bson::to_vec(d).unwrap())
@@ -159,7 +186,7 @@ mod tests {
     /// A seed with some of its bytes replaced.
     fn mutated() -> impl Strategy<Value = Vec<u8>> {
         (
-            0..5usize,
+            0..seeds().len(),
             proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
         )
             .prop_map(|(i, edits)| {

@@ -226,6 +226,16 @@ fn rewrite_tokens(
                 }
             }
         }
+        (Some(t), None) if shape.name == "bulkWrite" && !shape.concerns && !shape.hide => {
+            match spliced_bulk_write(m, t, dbs, &misses)? {
+                Ok(msg) => msg,
+                Err(GiveUp::Malformed(e)) => return malformed(e),
+                Err(GiveUp::Uncommon) => {
+                    *misses.borrow_mut() = Misses::default();
+                    owned(m, settings, &mut rules, shape, dbs, &misses, one)?
+                }
+            }
+        }
         _ => owned(m, settings, &mut rules, shape, dbs, &misses, one)?,
     };
     Ok(Rewritten {
@@ -233,6 +243,52 @@ fn rewrite_tokens(
         plan: ReplyPlan::Rewrite(rules),
         misses: misses.into_inner(),
     })
+}
+
+/// A `bulkWrite` spliced raw to raw, each op with its namespace's policy
+/// and its database's dictionary (of `dbs`, the tokenized databases its
+/// ops address). The splice gives up where the owned mapper is needed:
+/// an op of an uncommon shape, or a tokenized collection being migrated
+/// or with value paths.
+fn spliced_bulk_write(
+    m: &OpMsg,
+    t: &crate::token::Tokens,
+    dbs: &[&str],
+    misses: &std::cell::RefCell<Misses>,
+) -> Result<Result<OpMsg, GiveUp>, ProxyError> {
+    let mut noted = Vec::with_capacity(dbs.len());
+    for &db in dbs {
+        let dict = t.store.dictionary(db)?;
+        let noting = |storing| Noting {
+            inner: dict.clone(),
+            db,
+            misses,
+            storing,
+        };
+        noted.push((db, noting(false), noting(true)));
+    }
+    let namespaces = bulk_namespaces(m);
+    let mut per_ns = Vec::with_capacity(namespaces.len());
+    for ns in &namespaces {
+        let known = ns.split_once('.').and_then(|(db, coll)| {
+            let (_, read, store) = noted.iter().find(|(d, _, _)| *d == db)?;
+            Some((db, coll, read, store))
+        });
+        let Some((db, coll, read, store)) = known else {
+            per_ns.push(None);
+            continue;
+        };
+        let policy = t.policies.get(db, coll);
+        if t.policies.migration(db, coll).is_some() || !policy.value_paths.is_empty() {
+            return Ok(Err(GiveUp::Uncommon));
+        }
+        per_ns.push(Some(mapper::splice::OpNames {
+            policy,
+            read: read as &dyn crate::token::Names,
+            store: store as &dyn crate::token::Names,
+        }));
+    }
+    Ok(mapper::splice::bulk_write(m, &per_ns))
 }
 
 /// Whether a command may take the raw splice: one tokenized collection not

@@ -90,6 +90,97 @@ pub fn command(
     Ok(out)
 }
 
+/// What a `bulkWrite`'s ops addressing one of its `nsInfo` namespaces are
+/// rewritten with: the collection's policy and its database's names.
+pub struct OpNames<'a> {
+    pub policy: &'a Policy,
+    pub read: &'a dyn Names,
+    pub store: &'a dyn Names,
+}
+
+/// A `bulkWrite` (`m`) rewritten raw to raw: each op, in the body's `ops`
+/// or in a sequence of that name, with the names of the namespace its
+/// first field's `nsInfo` index gives (`namespaces[i]`; `None`, or an
+/// index out of range: the op is copied, as the owned mapper leaves it).
+pub fn bulk_write(m: &OpMsg, namespaces: &[Option<OpNames<'_>>]) -> Result<OpMsg> {
+    let mut out = m.clone();
+    out.flags = m.flags.without_checksum();
+    for section in &mut out.sections {
+        match section {
+            Section::Body(b) => {
+                let mut body = Vec::with_capacity(b.len() + b.len() / 4);
+                let start = begin(&mut body);
+                for e in elements(b) {
+                    let e = e?;
+                    if e.key != b"ops" || e.kind != 0x04 {
+                        copy(&mut body, e);
+                        continue;
+                    }
+                    header(&mut body, e.kind, e.key);
+                    let array = begin(&mut body);
+                    for op in elements(e.value) {
+                        let op = op?;
+                        header(&mut body, op.kind, op.key);
+                        match op.kind {
+                            0x03 => bulk_op(op.value, namespaces, &mut body, 2)?,
+                            _ => body.extend_from_slice(op.value),
+                        }
+                    }
+                    finish(&mut body, array);
+                }
+                finish(&mut body, start);
+                *b = bytes::Bytes::from(body);
+            }
+            Section::Sequence(seq) if seq.identifier == "ops" => {
+                // One buffer for the whole batch, as it came.
+                let size = seq.bytes().len();
+                let mut rewritten = Vec::with_capacity(size + size / 4);
+                for op in seq.documents() {
+                    bulk_op(op, namespaces, &mut rewritten, 1)?;
+                }
+                *seq = DocumentSequence::new(
+                    std::mem::take(&mut seq.identifier),
+                    bytes::Bytes::from(rewritten),
+                )
+                .map_err(|_| Malformed::Invalid("a rewritten document"))?;
+            }
+            Section::Sequence(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// One op of a `bulkWrite`: its slots, by its kind (its first key).
+fn bulk_op(
+    op: &[u8],
+    namespaces: &[Option<OpNames<'_>>],
+    out: &mut Vec<u8>,
+    depth: usize,
+) -> Result<()> {
+    let first = elements(op).next().transpose()?;
+    let index = first.and_then(|e| match e.kind {
+        0x10 => e.number().map(|n| n as i64),
+        _ => e.i64(),
+    });
+    let names = index
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| namespaces.get(i)?.as_ref());
+    match (first, names) {
+        (Some(kind), Some(n)) => {
+            let s = Splice {
+                policy: n.policy,
+                read: n.read,
+                store: n.store,
+            };
+            s.slots(catalogue::bulk_op_slots(as_str(kind.key)?), op, out, depth)
+        }
+        _ => {
+            out.extend_from_slice(op);
+            Ok(())
+        }
+    }
+}
+
 struct Splice<'a> {
     policy: &'a Policy,
     read: &'a dyn Names,
@@ -128,6 +219,10 @@ impl Splice<'_> {
                 (Some(Slot::Sort(_) | Slot::Hint(_)), 0x03) => {
                     header(out, e.kind, e.key);
                     self.paths(e.value, false, out, depth)?;
+                }
+                (Some(Slot::Document(_)), 0x03) => {
+                    header(out, e.kind, e.key);
+                    tokenize_under(e.value, false, &[], self.policy, self.store, out, depth)?;
                 }
                 (Some(Slot::Path(_)), 0x02) => {
                     header(out, e.kind, e.key);
@@ -704,5 +799,206 @@ mod tests {
         fn where_the_splice_takes_a_command_it_agrees_with_the_owned_mapper(m in arb_command()) {
             check(&m);
         }
+    }
+
+    /// A `bulkWrite` over three namespaces: two tokenized databases (each
+    /// with its own dictionary) and one that is not. Its ops and `nsInfo`
+    /// in the body or, as drivers send them, in sequences.
+    fn bulk(ops: Vec<Document>, sequences: bool) -> OpMsg {
+        let ns_info = vec![
+            doc! {"ns": "d.c"},
+            doc! {"ns": "e.people"},
+            doc! {"ns": "x.c"},
+        ];
+        if !sequences {
+            let body = doc! {"bulkWrite": 1, "ops": ops, "nsInfo": ns_info, "$db": "admin"};
+            return msg(&body, None);
+        }
+        let mut m = msg(&doc! {"bulkWrite": 1, "$db": "admin"}, Some(("ops", ops)));
+        let raw = |d: &Document| {
+            bytes::Bytes::from(RawDocumentBuf::from_document(d).unwrap().into_bytes())
+        };
+        m.sections.push(Section::Sequence(
+            DocumentSequence::of("nsInfo".into(), ns_info.iter().map(raw)).unwrap(),
+        ));
+        m
+    }
+
+    /// A `bulkWrite` rewritten by the splice (`None` if it gave up) or by
+    /// the owned mapper, with the misses noted.
+    fn rewrite_bulk(
+        m: &OpMsg,
+        splice: bool,
+    ) -> (Option<std::result::Result<OpMsg, String>>, Misses) {
+        let policy = policy();
+        let policies = Policies::new(policy.clone());
+        let (d, mut e) = (dictionary(), (*dictionary()).clone());
+        e.add_names(&["zebra".to_owned(), "other".to_owned()]);
+        let e = Arc::new(e);
+        let misses = RefCell::new(Misses::default());
+        let noting = |dict: &Arc<Dictionary>, db, storing| Noting {
+            inner: dict.clone(),
+            db,
+            misses: &misses,
+            storing,
+        };
+        let (d_read, d_store) = (noting(&d, "d", false), noting(&d, "d", true));
+        let (e_read, e_store) = (noting(&e, "e", false), noting(&e, "e", true));
+        let out = if splice {
+            let names = |read, store| {
+                Some(OpNames {
+                    policy: &policy,
+                    read,
+                    store,
+                })
+            };
+            let per_ns = [
+                names(&d_read as &dyn Names, &d_store as &dyn Names),
+                names(&e_read, &e_store),
+                None,
+            ];
+            match bulk_write(m, &per_ns) {
+                Ok(msg) => Some(Ok(msg)),
+                Err(GiveUp::Uncommon) => None,
+                Err(e) => Some(Err(format!("{e:?}"))),
+            }
+        } else {
+            let mut cmd = Command::from_msg(m).unwrap();
+            let lookup = |db: &str| match db {
+                "d" => Some(Lookup {
+                    read: &d_read,
+                    store: &d_store,
+                }),
+                "e" => Some(Lookup {
+                    read: &e_read,
+                    store: &e_store,
+                }),
+                _ => None,
+            };
+            Some(
+                mapper::bulk_write(&mut cmd, &policies, &lookup)
+                    .and_then(|()| cmd.into_msg(m))
+                    .map_err(|e| e.to_string()),
+            )
+        };
+        drop((d_read, d_store, e_read, e_store));
+        (out, misses.into_inner())
+    }
+
+    /// Whether the splice took the `bulkWrite`; where it did, it gave what
+    /// the owned mapper gives, and noted the same misses.
+    fn check_bulk(m: &OpMsg) -> bool {
+        let (spliced, spliced_misses) = rewrite_bulk(m, true);
+        let Some(spliced) = spliced else {
+            return false;
+        };
+        let (owned, owned_misses) = rewrite_bulk(m, false);
+        let (spliced, owned) = (spliced.unwrap(), owned.unwrap());
+        let owned = owned.expect("the splice takes nothing the owned mapper refuses");
+        assert_eq!(
+            spliced.sections, owned.sections,
+            "the splice and the owned rewrite differ"
+        );
+        assert_eq!(sorted(spliced_misses), sorted(owned_misses));
+        true
+    }
+
+    fn arb_document() -> impl Strategy<Value = Document> {
+        prop::collection::vec((arb_key(), arb_value()), 0..4).prop_map(|kv| {
+            kv.into_iter()
+                .filter(|(k, _)| !k.starts_with('$'))
+                .collect()
+        })
+    }
+
+    fn arb_bulk_op() -> impl Strategy<Value = Document> {
+        // Index 3 is past `nsInfo`; an index may come as an int64.
+        let ns = || {
+            prop_oneof![
+                (0..4i32).prop_map(Bson::Int32),
+                (0..4i64).prop_map(Bson::Int64)
+            ]
+        };
+        prop_oneof![
+            (ns(), arb_document()).prop_map(|(ns, d)| doc! {"insert": ns, "document": d}),
+            (ns(), arb_filter(), arb_update(), any::<bool>(), any::<bool>()).prop_map(
+                |(ns, q, u, upsert, multi)| {
+                    doc! {"update": ns, "filter": q, "updateMods": u, "upsert": upsert, "multi": multi}
+                }
+            ),
+            (ns(), arb_filter(), any::<bool>())
+                .prop_map(|(ns, q, multi)| doc! {"delete": ns, "filter": q, "multi": multi}),
+        ]
+    }
+
+    #[test]
+    fn a_bulk_write_is_spliced_as_the_owned_mapper_rewrites_it() {
+        let ops = vec![
+            doc! {"insert": 0, "document": {"_id": 1, "name": "a", "custom": {"Favourite Colour": "red"}, "address": {"city": "Oslo"}}},
+            doc! {"insert": 1i64, "document": {"_id": 2, "name": "b", "other": [{"city": 1}]}},
+            doc! {"insert": 2, "document": {"_id": 3, "name": "c"}},
+            doc! {"update": 0, "filter": {"name": "a"}, "updateMods": {"$set": {"address.city": "Bergen"}}, "upsert": true},
+            doc! {"update": 1, "filter": {"score": {"$gt": 1}}, "updateMods": {"name": "whole", "score": 2}, "multi": false},
+            doc! {"delete": 1, "filter": {"address.city": "Oslo"}, "multi": true},
+            doc! {"delete": 7, "filter": {"name": "x"}},
+        ];
+        for sequences in [false, true] {
+            let m = bulk(ops.clone(), sequences);
+            assert!(check_bulk(&m), "sequences: {sequences}");
+            // The rewrite did something: the first document's names are tokens.
+            let (out, _) = rewrite_bulk(&m, true);
+            let out = out.unwrap().unwrap();
+            let first = Document::try_from(crate::rewrite::command::documents(&out, "ops")[0]);
+            let stored = first.unwrap().get_document("document").unwrap().clone();
+            assert!(!stored.contains_key("name"), "{stored}");
+            assert!(stored.contains_key("_id"));
+        }
+        // Each database's own dictionary: `zebra` is a token in e only,
+        // and a name d's dictionary lacks.
+        let m = bulk(
+            vec![
+                doc! {"insert": 0, "document": {"zebra": 1}},
+                doc! {"insert": 1, "document": {"zebra": 1}},
+            ],
+            true,
+        );
+        let (out, misses) = rewrite_bulk(&m, true);
+        let out = out.unwrap().unwrap();
+        let ops = crate::rewrite::command::documents(&out, "ops");
+        let key = |i: usize| {
+            let op = Document::try_from(ops[i]).unwrap();
+            op.get_document("document").unwrap().keys().next().cloned()
+        };
+        assert_eq!(key(0).as_deref(), Some("zebra"));
+        assert_ne!(key(1).as_deref(), Some("zebra"));
+        assert_eq!(misses.stored_names.len(), 1, "{misses:?}");
+        // An update by pipeline is left to the owned mapper.
+        let pipeline = doc! {"update": 0, "filter": {}, "updateMods": [{"$set": {"name": 1}}]};
+        assert!(!check_bulk(&bulk(vec![pipeline], true)));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #[test]
+        fn where_the_splice_takes_a_bulk_write_it_agrees_with_the_owned_mapper(
+            ops in prop::collection::vec(arb_bulk_op(), 1..5),
+            sequences in any::<bool>(),
+        ) {
+            check_bulk(&bulk(ops, sequences));
+        }
+    }
+
+    #[test]
+    fn the_generated_bulk_writes_are_often_spliced() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = (prop::collection::vec(arb_bulk_op(), 1..5), any::<bool>());
+        let taken = (0..300)
+            .filter(|_| {
+                let (ops, sequences) = strategy.new_tree(&mut runner).unwrap().current();
+                check_bulk(&bulk(ops, sequences))
+            })
+            .count();
+        assert!(taken >= 60, "only {taken} of 300 spliced");
     }
 }
