@@ -35,9 +35,9 @@ pub struct ProxyContext {
     pub shadow: Option<Arc<crate::observe::Shadow>>,
     /// TLS towards drivers, if it is on.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
-    /// KiB that large messages may take while they are decompressed, all
-    /// sessions together (see [`crate::exchange`]).
-    pub decompression: tokio::sync::Semaphore,
+    /// KiB that large messages may take while they are decompressed or
+    /// rewritten, all sessions together (see [`crate::exchange`]).
+    pub heavy_work: tokio::sync::Semaphore,
     next_session: AtomicU64,
 }
 
@@ -83,7 +83,7 @@ impl ProxyContext {
             capture,
             cursors: CursorTable::new(config.max_held_bytes),
             tls,
-            decompression: tokio::sync::Semaphore::new(crate::exchange::decompression_budget_kib(
+            heavy_work: tokio::sync::Semaphore::new(crate::exchange::heavy_work_budget_kib(
                 config.max_message_size,
             )),
             config,

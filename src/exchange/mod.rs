@@ -135,7 +135,7 @@ impl Exchange {
     /// ④ What goes upstream, or the proxy's own answer.
     pub async fn request(
         &mut self,
-        ctx: &ProxyContext,
+        ctx: &Arc<ProxyContext>,
         state: &mut SessionState,
         leg: &mut crate::upstream::Leg,
     ) -> Result<Step, ProxyError> {
@@ -194,19 +194,17 @@ impl Exchange {
     /// rewrite it.
     async fn rewritten(
         &mut self,
-        ctx: &ProxyContext,
+        ctx: &Arc<ProxyContext>,
         state: &mut SessionState,
         leg: &mut crate::upstream::Leg,
         dbs: &[String],
     ) -> Result<Option<Frame>, ProxyError> {
-        let kinds = |id| ctx.cursors.kind(id);
         let admitted = Instant::now();
         for _ in 0..3 {
             let marks = tokens::marks(ctx);
             // Rewritten once; again only if it named something the
             // dictionaries lacked (stored names get tokens first).
-            let mut rewritten =
-                rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds, dbs)?;
+            let mut rewritten = self.rewrite(ctx, &state.legs, dbs).await?;
             let mut refreshed = false;
             if ctx.rewrite.tokens.is_some() && rewritten.misses.is_empty() {
                 ctx.metrics.store_lookup(true);
@@ -227,8 +225,7 @@ impl Exchange {
                     tokens::Settled::Done => break,
                     tokens::Settled::PassThrough => return Ok(None),
                     tokens::Settled::Again => {
-                        rewritten =
-                            rewrite::request(&self.frame, &ctx.rewrite, &state.legs, &kinds, dbs)?;
+                        rewritten = self.rewrite(ctx, &state.legs, dbs).await?;
                     }
                 }
             }
@@ -242,6 +239,35 @@ impl Exchange {
             }
         }
         Err(tokens::stale(dbs))
+    }
+
+    /// The request rewritten (pure: [`rewrite::request`]). One of more
+    /// than [`INLINE_WORK`] is rewritten on the blocking pool, within the
+    /// budget for heavy work.
+    async fn rewrite(
+        &self,
+        ctx: &Arc<ProxyContext>,
+        legs: &rewrite::LegState,
+        dbs: &[String],
+    ) -> Result<rewrite::Rewritten, ProxyError> {
+        let size = self.frame.header.length.try_into().unwrap_or(usize::MAX);
+        if size <= INLINE_WORK {
+            let kinds = |id| ctx.cursors.kind(id);
+            return rewrite::request(&self.frame, &ctx.rewrite, legs, &kinds, dbs);
+        }
+        let _budget = heavy_work(ctx, size).await?;
+        let (frame, work, legs, dbs) = (
+            self.frame.clone(),
+            Arc::clone(ctx),
+            legs.clone(),
+            dbs.to_vec(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let kinds = |id| work.cursors.kind(id);
+            rewrite::request(&frame, &work.rewrite, &legs, &kinds, &dbs)
+        })
+        .await
+        .map_err(|e| ProxyError::Internal(e.to_string()))?
     }
 
     fn forward(&mut self, ctx: &ProxyContext, out: Frame) -> Result<Step, ProxyError> {
@@ -346,16 +372,31 @@ impl Drop for RequestTimer {
     }
 }
 
-/// Messages that decompress to more than this are decompressed off the
-/// runtime's threads: a small frame declaring 47 MB costs about 140 ms of
-/// work, which must not stall the other sessions of a worker.
-const INLINE_DECOMPRESSION: usize = 1 << 20;
+/// Work on a message of more than this is done off the runtime's threads,
+/// within the proxy's budget for heavy work: its decompression (a small
+/// frame declaring 47 MB costs about 140 ms), and its rewrite (a 7 MB
+/// `update` of 100,000 pipeline statements costs the owned mapper about a
+/// second and 300 MB). Either would stall the other sessions of a worker.
+const INLINE_WORK: usize = 1 << 20;
 
-/// The KiB all sessions together may be decompressing at once: two of the
-/// largest messages. A client sending decompression bombs waits for its
-/// own share; small messages are never held up.
-pub fn decompression_budget_kib(max_message_size: usize) -> usize {
+/// The KiB of messages all sessions together may be decompressing or
+/// rewriting at once: two of the largest messages. A client sending
+/// decompression bombs or huge commands waits for its own share; small
+/// messages are never held up.
+pub fn heavy_work_budget_kib(max_message_size: usize) -> usize {
     (2 * max_message_size).div_ceil(1024)
+}
+
+/// A share of the budget for heavy work, for a message of `bytes`.
+async fn heavy_work(
+    ctx: &ProxyContext,
+    bytes: usize,
+) -> Result<tokio::sync::SemaphorePermit<'_>, ProxyError> {
+    let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+    ctx.heavy_work
+        .acquire_many(kib)
+        .await
+        .map_err(|e| ProxyError::Internal(e.to_string()))
 }
 
 /// Unwraps OP_COMPRESSED, returning the compressor used. The size the
@@ -372,17 +413,12 @@ async fn decompress(
     let malformed = |source| ProxyError::Malformed { side, source };
     let compressor = c.compressor().map_err(malformed)?;
     let declared = usize::try_from(c.uncompressed_size).unwrap_or(0);
-    if declared <= INLINE_DECOMPRESSION || declared > max {
+    if declared <= INLINE_WORK || declared > max {
         // Small, or refused before any work.
         let inner = c.decompress(&frame.header, max).map_err(malformed)?;
         return Ok((inner, Some(compressor)));
     }
-    let kib = u32::try_from(declared.div_ceil(1024)).unwrap_or(u32::MAX);
-    let _budget = ctx
-        .decompression
-        .acquire_many(kib)
-        .await
-        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let _budget = heavy_work(ctx, declared).await?;
     let inner = tokio::task::spawn_blocking(move || match frame.message() {
         Message::Compressed(c) => c.decompress(&frame.header, max),
         _ => unreachable!("checked above"),

@@ -615,3 +615,90 @@ async fn a_thousand_connections_are_each_served_in_bounded_memory() {
     child.kill().unwrap();
     let _ = child.wait();
 }
+
+/// A command whose rewrite is long (an `update` of 60,000 pipeline
+/// statements, which the owned mapper rewrites, the last one refused so
+/// that the upstream never works on it) is rewritten off the runtime's
+/// threads. The proxy runs on this test's runtime of one thread, where a
+/// rewrite done in place holds everything else: its liveness probe, polled
+/// from another thread, must keep being answered while the command is.
+#[tokio::test]
+async fn a_long_rewrite_leaves_the_proxy_answering_others() {
+    use std::io::{Read, Write};
+    use std::time::Instant;
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 1;
+    config.metrics_listen = Some("127.0.0.1:0".into());
+    let proxy = common::start(config).await;
+    let (addr, probe) = (proxy.addr, proxy.metrics_addr.unwrap());
+    let db = db_name("longrewrite", "app");
+    let mut updates: Vec<Document> = (0..60_000)
+        .map(|i| doc! {"q": {"name": format!("n{i}")}, "u": [{"$set": {"score": i}}]})
+        .collect();
+    updates.push(doc! {"q": {"$where": "true"}, "u": [{"$set": {"score": 0}}]});
+    let command = op_msg(
+        1,
+        0,
+        doc! {"update": "c", "updates": updates, "ordered": true, "$db": &db},
+    )
+    .to_bytes();
+    assert!(command.len() > 2 << 20, "{} bytes", command.len());
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let polling = {
+        let done = done.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut answered = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut s = std::net::TcpStream::connect(probe).unwrap();
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).unwrap();
+                assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+                answered.push(Instant::now());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            answered
+        })
+    };
+    let sending = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(&command).unwrap();
+        let sent = Instant::now();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut rest = vec![0u8; i32::from_le_bytes(len) as usize - 4];
+        s.read_exact(&mut rest).unwrap();
+        (sent, Instant::now(), rest)
+    });
+    let (sent, replied, reply) = sending.await.unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered = polling.await.unwrap();
+    // The reply: the proxy's refusal of `$where`, after the rewrite.
+    let reply = bson::from_slice::<Document>(&reply[17..]).unwrap();
+    assert_eq!(reply.get_f64("ok").unwrap(), 0.0, "{reply}");
+    assert!(
+        reply.get_str("errmsg").unwrap().contains("$where"),
+        "{reply}"
+    );
+    let during: Vec<_> = answered
+        .iter()
+        .filter(|t| **t > sent && **t < replied)
+        .collect();
+    let longest = during
+        .windows(2)
+        .map(|w| *w[1] - *w[0])
+        .chain(during.first().map(|t| **t - sent))
+        .chain(during.last().map(|t| replied - **t))
+        .max()
+        .unwrap_or(replied - sent);
+    let took = replied - sent;
+    eprintln!(
+        "a rewrite of {took:?}: {} probes answered meanwhile, the longest wait {longest:?}",
+        during.len()
+    );
+    assert!(
+        longest * 2 < took,
+        "the probe waited {longest:?} of the command's {took:?}"
+    );
+}
