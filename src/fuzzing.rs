@@ -7,9 +7,12 @@
 
 use bson::{RawDocument, RawDocumentBuf};
 
+use crate::rewrite::catalogue::Slot;
 use crate::rewrite::catalogue::CATALOGUE;
 use crate::rewrite::expand::{self, Strings};
+use crate::rewrite::mapper::splice::{GiveUp, Owned};
 use crate::rewrite::mapper::{self, Lookup};
+use crate::rewrite::names::Misses;
 use crate::rewrite::{walker, Command};
 use crate::token::{Dictionary, Policies, Policy, Recorder};
 use crate::wire::{MsgFlags, OpMsg};
@@ -110,34 +113,68 @@ pub fn request(data: &[u8]) {
         bson::to_vec(&cmd.body).expect("and serializes")
     };
     let policy = policy();
+    // The owned mapper for the statements the splice does not take, of a
+    // collection of a database sharing the dictionary.
+    let misses = std::cell::RefCell::new(Misses::default());
+    let (policies, dict) = (&policies, &dict);
+    let statement = |db: String, coll: String| {
+        move |slots: &[Slot], raw: &[u8], out: &mut Vec<u8>| {
+            mapper::statement(raw, slots, policies, &db, &coll, Lookup::of(dict), out)
+        }
+    };
     let raw = match entry.name {
-        "insert" => mapper::raw::insert(&m, &policy, &dict).ok(),
+        "insert" => mapper::raw::insert(&m, &policy, dict).map_err(GiveUp::from),
         "bulkWrite" => {
             // Each op with the names of its namespace, if that database
             // shares the dictionary, as the owned mapper takes it.
             let ns_info = m.body().get_array("nsInfo").ok();
-            let namespaces: Vec<_> = ns_info
+            let statements: Vec<_> = ns_info
                 .into_iter()
                 .flatten()
                 .map(|ns| {
                     let ns = ns.ok()?.as_document()?.get_str("ns").ok()?;
-                    let db = ns.split_once('.')?.0;
+                    let (db, coll) = ns.split_once('.')?;
                     policies
                         .same_dictionary(db, "app")
-                        .then_some(mapper::splice::OpNames {
-                            policy: &policy,
-                            read: &dict,
-                            store: &dict,
-                        })
+                        .then(|| statement(db.to_owned(), coll.to_owned()))
                 })
                 .collect();
-            mapper::splice::bulk_write(&m, &namespaces).ok()
+            let namespaces: Vec<_> = statements
+                .iter()
+                .map(|statement| {
+                    Some(mapper::splice::OpNames {
+                        policy: &policy,
+                        read: dict,
+                        store: dict,
+                        owned: Some(Owned {
+                            statement: statement.as_ref()?,
+                            misses: &misses,
+                        }),
+                    })
+                })
+                .collect();
+            mapper::splice::bulk_write(&m, &namespaces)
         }
-        name => mapper::splice::command(&m, name, &policy, &dict, &dict).ok(),
+        name => {
+            let statement = statement("app".into(), "c".into());
+            let owned = Owned {
+                statement: &statement,
+                misses: &misses,
+            };
+            mapper::splice::command(&m, name, &policy, dict, dict, Some(&owned))
+        }
     };
-    if let Some(raw) = raw {
-        let owned = owned.expect("a raw rewrite takes nothing the owned mapper refuses");
-        assert_eq!(renumbered(&raw), renumbered(&owned));
+    match raw {
+        Ok(raw) => {
+            let owned = owned.expect("a raw rewrite takes nothing the owned mapper refuses");
+            assert_eq!(renumbered(&raw), renumbered(&owned));
+        }
+        // A statement the owned mapper refused: so does it the whole command.
+        Err(GiveUp::Refused(e)) => {
+            let whole = owned.expect_err("the owned mapper refuses the command too");
+            assert_eq!(e.to_string(), whole.to_string());
+        }
+        Err(GiveUp::Uncommon | GiveUp::Malformed(_)) => {}
     }
 }
 

@@ -57,6 +57,24 @@ impl Misses {
         out
     }
 
+    /// Where the lists stand, to go back to with [`Misses::truncate`].
+    pub fn mark(&self) -> [usize; 4] {
+        [
+            self.stored_names.len(),
+            self.stored_values.len(),
+            self.read_names.len(),
+            self.read_values.len(),
+        ]
+    }
+
+    /// Forgets what was noted since `mark`.
+    pub fn truncate(&mut self, mark: [usize; 4]) {
+        self.stored_names.truncate(mark[0]);
+        self.stored_values.truncate(mark[1]);
+        self.read_names.truncate(mark[2]);
+        self.read_values.truncate(mark[3]);
+    }
+
     /// The databases whose dictionaries lack names or values a command reads.
     pub fn to_read(&self) -> Vec<String> {
         let mut dbs: Vec<String> = self

@@ -1,8 +1,9 @@
 //! ④ A request: which parts of it change, under which rules, and what its
 //! replies will need.
 
+use super::catalogue::Slot;
 use super::catalogue::{self, Replies};
-use super::mapper::splice::GiveUp;
+use super::mapper::splice::{GiveUp, Owned};
 use super::names::{Misses, Noting};
 use super::shard_key::ReplyNeeds;
 use super::walker::{self, Fields, Malformed};
@@ -187,7 +188,8 @@ fn rewrite_tokens(
             return malformed(e);
         }
     }
-    let msg = match (tokens, one) {
+    // Raw to raw where a raw rewrite takes the command; else owned.
+    let spliced = match (tokens, one) {
         // The hot write path: inserted documents go raw to raw, against one
         // snapshot of the dictionary.
         (Some(t), Some(db)) if raw_insert => {
@@ -202,10 +204,7 @@ fn rewrite_tokens(
                 misses: &misses,
                 storing: true,
             };
-            match mapper::raw::insert(m, t.policies.get(db, coll), &names) {
-                Ok(msg) => msg,
-                Err(e) => return malformed(e),
-            }
+            Some(mapper::raw::insert(m, t.policies.get(db, coll), &names).map_err(GiveUp::from))
         }
         (Some(t), Some(db)) if !shape.concerns && !shape.hide && spliceable(t, db, shape) => {
             let dict = t.store.dictionary(db)?;
@@ -216,27 +215,41 @@ fn rewrite_tokens(
                 storing,
             };
             let (read, store) = (noting(shape.streams), noting(true));
-            let policy = t.policies.get(db, shape.collection.unwrap_or_default());
-            match mapper::splice::command(m, shape.name, policy, &read, &store) {
-                Ok(msg) => msg,
-                Err(GiveUp::Malformed(e)) => return malformed(e),
-                Err(GiveUp::Uncommon) => {
-                    *misses.borrow_mut() = Misses::default();
-                    owned(m, settings, &mut rules, shape, dbs, &misses, one)?
-                }
-            }
+            let coll = shape.collection.unwrap_or_default();
+            let statement = |slots: &[Slot], raw: &[u8], out: &mut Vec<u8>| {
+                let names = mapper::Lookup {
+                    read: &read,
+                    store: &store,
+                };
+                mapper::statement(raw, slots, &t.policies, db, coll, names, out)
+            };
+            let owned = Owned {
+                statement: &statement,
+                misses: &misses,
+            };
+            let policy = t.policies.get(db, coll);
+            Some(mapper::splice::command(
+                m,
+                shape.name,
+                policy,
+                &read,
+                &store,
+                Some(&owned),
+            ))
         }
         (Some(t), None) if shape.name == "bulkWrite" && !shape.concerns && !shape.hide => {
-            match spliced_bulk_write(m, t, dbs, &misses)? {
-                Ok(msg) => msg,
-                Err(GiveUp::Malformed(e)) => return malformed(e),
-                Err(GiveUp::Uncommon) => {
-                    *misses.borrow_mut() = Misses::default();
-                    owned(m, settings, &mut rules, shape, dbs, &misses, one)?
-                }
-            }
+            Some(spliced_bulk_write(m, t, dbs, &misses)?)
         }
-        _ => owned(m, settings, &mut rules, shape, dbs, &misses, one)?,
+        _ => None,
+    };
+    let msg = match spliced {
+        Some(Ok(msg)) => msg,
+        Some(Err(GiveUp::Malformed(e))) => return malformed(e),
+        Some(Err(GiveUp::Refused(e))) => return Err(e),
+        Some(Err(GiveUp::Uncommon)) | None => {
+            *misses.borrow_mut() = Misses::default();
+            owned(m, settings, &mut rules, shape, dbs, &misses, one)?
+        }
     };
     Ok(Rewritten {
         frame: Some(frame.with_message(Message::Msg(msg))),
@@ -267,27 +280,47 @@ fn spliced_bulk_write(
         };
         noted.push((db, noting(false), noting(true)));
     }
+    // Each namespace's collection and names, if its database is tokenized.
     let namespaces = bulk_namespaces(m);
-    let mut per_ns = Vec::with_capacity(namespaces.len());
+    let mut known = Vec::with_capacity(namespaces.len());
     for ns in &namespaces {
-        let known = ns.split_once('.').and_then(|(db, coll)| {
+        let found = ns.split_once('.').and_then(|(db, coll)| {
             let (_, read, store) = noted.iter().find(|(d, _, _)| *d == db)?;
             Some((db, coll, read, store))
         });
-        let Some((db, coll, read, store)) = known else {
-            per_ns.push(None);
-            continue;
-        };
-        let policy = t.policies.get(db, coll);
-        if t.policies.migration(db, coll).is_some() || !policy.value_paths.is_empty() {
-            return Ok(Err(GiveUp::Uncommon));
+        if let Some((db, coll, _, _)) = found {
+            if t.policies.migration(db, coll).is_some()
+                || !t.policies.get(db, coll).value_paths.is_empty()
+            {
+                return Ok(Err(GiveUp::Uncommon));
+            }
         }
-        per_ns.push(Some(mapper::splice::OpNames {
-            policy,
-            read: read as &dyn crate::token::Names,
-            store: store as &dyn crate::token::Names,
-        }));
+        known.push(found);
     }
+    // The owned mapper of each, for its ops of an uncommon shape.
+    let statements: Vec<_> = known
+        .iter()
+        .map(|found| {
+            let (db, coll, read, store) = (*found)?;
+            Some(move |slots: &[Slot], raw: &[u8], out: &mut Vec<u8>| {
+                let names = mapper::Lookup { read, store };
+                mapper::statement(raw, slots, &t.policies, db, coll, names, out)
+            })
+        })
+        .collect();
+    let per_ns: Vec<_> = known
+        .iter()
+        .zip(&statements)
+        .map(|(found, statement)| {
+            let ((db, coll, read, store), statement) = ((*found)?, statement.as_ref()?);
+            Some(mapper::splice::OpNames {
+                policy: t.policies.get(db, coll),
+                read,
+                store,
+                owned: Some(Owned { statement, misses }),
+            })
+        })
+        .collect();
     Ok(mapper::splice::bulk_write(m, &per_ns))
 }
 

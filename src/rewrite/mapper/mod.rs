@@ -65,6 +65,28 @@ pub fn command(
     Mapper::new(policies, scope, &coll, names).command(&name, &mut cmd.body)
 }
 
+/// One statement of a command (an update's or a delete's, a bulkWrite's
+/// op: a document under a [`Slot::Each`] or the ops), given as bytes and
+/// appended to `out` with its `slots` rewritten, as [`command`] rewrites
+/// each of them: for the statements the raw splice does not take.
+pub fn statement(
+    raw: &[u8],
+    slots: &[Slot],
+    policies: &Policies,
+    db: &str,
+    coll: &str,
+    names: Lookup<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), ProxyError> {
+    let mut d =
+        crate::rewrite::command::to_document(bson::RawDocument::from_bytes(raw).map_err(|e| {
+            ProxyError::Unsupported(format!("a statement that is not a document: {e}"))
+        })?)?;
+    Mapper::new(policies, db, coll, names).slots(slots, &mut d)?;
+    d.to_writer(out)
+        .map_err(|e| ProxyError::Internal(format!("a rewritten statement: {e}")))
+}
+
 /// The collection a command addresses: the string value of its first field.
 pub(super) fn collection_of(body: &Document) -> &str {
     match body.iter().next() {

@@ -15,6 +15,7 @@
 
 use super::paths::{logical_parts, path};
 use super::raw::tokenize_under;
+use crate::error::ProxyError;
 use crate::rewrite::catalogue::{self, Slot, Stores};
 use crate::rewrite::walker::{
     as_str, begin, descend, elements, finish, header, string_of, string_value, Element, Malformed,
@@ -23,12 +24,30 @@ use crate::token::{Names, Policy};
 use crate::wire::{DocumentSequence, OpMsg, Section};
 
 /// Why a splice gave up.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum GiveUp {
     /// A shape the splice does not take: the owned mapper does it.
     Uncommon,
     Malformed(Malformed),
+    /// The owned mapper refused a statement the splice handed it: the
+    /// command is refused, as the owned mapper would refuse it whole.
+    Refused(ProxyError),
 }
+
+/// The owned mapper, for the statements of a command the splice does not
+/// take (one an update's, a delete's or a bulkWrite's op, of `slots`):
+/// each is rewritten alone ([`super::statement`]) and appended, and the
+/// rest of the command stays raw. What the splice noted of a statement
+/// before it gave up is forgotten first: the owned rewrite notes it anew.
+pub struct Owned<'a> {
+    pub statement: &'a Statement<'a>,
+    pub misses: &'a std::cell::RefCell<crate::rewrite::names::Misses>,
+}
+
+/// The owned rewrite of one statement: its slots, its bytes, and where it
+/// is appended.
+pub type Statement<'a> =
+    dyn Fn(&[Slot], &[u8], &mut Vec<u8>) -> std::result::Result<(), ProxyError> + 'a;
 
 impl From<Malformed> for GiveUp {
     fn from(m: Malformed) -> GiveUp {
@@ -47,6 +66,7 @@ pub fn command(
     policy: &Policy,
     read: &dyn Names,
     store: &dyn Names,
+    owned: Option<&Owned<'_>>,
 ) -> Result<OpMsg> {
     let entry = catalogue::lookup(name).ok_or(GiveUp::Uncommon)?;
     if entry.refused.is_some()
@@ -59,6 +79,7 @@ pub fn command(
         policy,
         read,
         store,
+        owned,
     };
     let mut out = m.clone();
     out.flags = m.flags.without_checksum();
@@ -77,7 +98,7 @@ pub fn command(
                 };
                 let mut rewritten = Vec::with_capacity(seq.bytes().len() + 64);
                 for d in seq.documents() {
-                    s.slots(inner, d, &mut rewritten, 1)?;
+                    s.statement(inner, d, &mut rewritten, 1)?;
                 }
                 *seq = DocumentSequence::new(
                     std::mem::take(&mut seq.identifier),
@@ -96,6 +117,8 @@ pub struct OpNames<'a> {
     pub policy: &'a Policy,
     pub read: &'a dyn Names,
     pub store: &'a dyn Names,
+    /// The owned mapper for this namespace's ops of an uncommon shape.
+    pub owned: Option<Owned<'a>>,
 }
 
 /// A `bulkWrite` (`m`) rewritten raw to raw: each op, in the body's `ops`
@@ -171,8 +194,9 @@ fn bulk_op(
                 policy: n.policy,
                 read: n.read,
                 store: n.store,
+                owned: n.owned.as_ref(),
             };
-            s.slots(catalogue::bulk_op_slots(as_str(kind.key)?), op, out, depth)
+            s.statement(catalogue::bulk_op_slots(as_str(kind.key)?), op, out, depth)
         }
         _ => {
             out.extend_from_slice(op);
@@ -185,9 +209,27 @@ struct Splice<'a> {
     policy: &'a Policy,
     read: &'a dyn Names,
     store: &'a dyn Names,
+    owned: Option<&'a Owned<'a>>,
 }
 
 impl Splice<'_> {
+    /// One statement (`slots` of a document), spliced; in a shape the
+    /// splice does not take, rewritten by the owned mapper if there is one.
+    fn statement(&self, slots: &[Slot], doc: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        let Some(owned) = self.owned else {
+            return self.slots(slots, doc, out, depth);
+        };
+        let (written, noted) = (out.len(), owned.misses.borrow().mark());
+        match self.slots(slots, doc, out, depth) {
+            Err(GiveUp::Uncommon) => {
+                out.truncate(written);
+                owned.misses.borrow_mut().truncate(noted);
+                (owned.statement)(slots, doc, out).map_err(GiveUp::Refused)
+            }
+            done => done,
+        }
+    }
+
     /// A (sub-)document with `slots`: each slot's field rewritten, the rest
     /// copied.
     fn slots(&self, slots: &[Slot], doc: &[u8], out: &mut Vec<u8>, depth: usize) -> Result<()> {
@@ -239,7 +281,7 @@ impl Splice<'_> {
                             continue;
                         }
                         header(out, item.kind, item.key);
-                        self.slots(inner, item.value, out, depth)?;
+                        self.statement(inner, item.value, out, depth)?;
                     }
                     finish(out, array);
                 }
@@ -520,9 +562,20 @@ mod tests {
         Arc::new(d)
     }
 
-    /// One message rewritten by the splice (`None` if it gave up) or by
-    /// the owned mapper, with the misses noted.
-    fn rewrite(m: &OpMsg, splice: bool) -> (Option<std::result::Result<OpMsg, String>>, Misses) {
+    /// How a test rewrites a command.
+    #[derive(Clone, Copy, PartialEq)]
+    enum How {
+        /// The splice alone: it gives up on any uncommon shape.
+        Splice,
+        /// The splice, with the owned mapper for the statements it does
+        /// not take.
+        Fallback,
+        Owned,
+    }
+
+    /// One message rewritten as `how` says (`None` if the splice gave
+    /// up), with the misses noted.
+    fn rewrite(m: &OpMsg, how: How) -> (Option<std::result::Result<OpMsg, String>>, Misses) {
         let policy = policy();
         let policies = Policies::new(policy.clone());
         let dict = dictionary();
@@ -534,11 +587,24 @@ mod tests {
             storing,
         };
         let (read, store) = (noting(false), noting(true));
-        let out = if splice {
+        let statement = |slots: &[Slot], raw: &[u8], out: &mut Vec<u8>| {
+            let names = Lookup {
+                read: &read,
+                store: &store,
+            };
+            mapper::statement(raw, slots, &policies, "d", "c", names, out)
+        };
+        let owned = Owned {
+            statement: &statement,
+            misses: &misses,
+        };
+        let out = if how != How::Owned {
             let name = m.body().iter().next().unwrap().unwrap().0.to_owned();
-            match command(m, &name, &policy, &read, &store) {
+            let owned = (how == How::Fallback).then_some(&owned);
+            match command(m, &name, &policy, &read, &store, owned) {
                 Ok(msg) => Some(Ok(msg)),
                 Err(GiveUp::Uncommon) => None,
+                Err(GiveUp::Refused(e)) => Some(Err(e.to_string())),
                 Err(e) => Some(Err(format!("{e:?}"))),
             }
         } else {
@@ -583,19 +649,44 @@ mod tests {
     /// Whether the splice took the command; where it did, it gave what
     /// the owned mapper gives, and noted the same misses.
     fn check(m: &OpMsg) -> bool {
-        let (spliced, spliced_misses) = rewrite(m, true);
+        check_as(m, How::Splice)
+    }
+
+    /// [`check`] for the splice as `how` says. With the owned mapper for
+    /// uncommon statements, a command the owned mapper refuses whole is
+    /// refused alike.
+    fn check_as(m: &OpMsg, how: How) -> bool {
+        let (spliced, spliced_misses) = rewrite(m, how);
         let Some(spliced) = spliced else {
             return false;
         };
-        let (owned, owned_misses) = rewrite(m, false);
-        let (spliced, owned) = (spliced.unwrap(), owned.unwrap());
-        let owned = owned.expect("the splice takes nothing the owned mapper refuses");
-        assert_eq!(
-            spliced.sections, owned.sections,
-            "the splice and the owned rewrite differ"
-        );
-        assert_eq!(sorted(spliced_misses), sorted(owned_misses));
+        let (owned, owned_misses) = rewrite(m, How::Owned);
+        agree(spliced, spliced_misses, owned.unwrap(), owned_misses);
         true
+    }
+
+    /// What a splice gave (`Err`: a statement refused) against what the
+    /// owned mapper gave for the whole command.
+    fn agree(
+        spliced: std::result::Result<OpMsg, String>,
+        spliced_misses: Misses,
+        owned: std::result::Result<OpMsg, String>,
+        owned_misses: Misses,
+    ) {
+        match spliced {
+            Ok(spliced) => {
+                let owned = owned.expect("the splice takes nothing the owned mapper refuses");
+                assert_eq!(
+                    spliced.sections, owned.sections,
+                    "the splice and the owned rewrite differ"
+                );
+                assert_eq!(sorted(spliced_misses), sorted(owned_misses));
+            }
+            Err(refused) => {
+                let whole = owned.expect_err("what the splice refused, the owned mapper refuses");
+                assert_eq!(refused, whole);
+            }
+        }
     }
 
     #[test]
@@ -801,6 +892,146 @@ mod tests {
         }
     }
 
+    /// An update's or a delete's statements, some of shapes the splice
+    /// does not take (a pipeline update, `$rename`, `$elemMatch`…) and
+    /// some the owned mapper refuses (`$where`).
+    fn arb_statements() -> impl Strategy<Value = OpMsg> {
+        let filter = || {
+            (arb_filter(), 0..8u8).prop_map(|(mut q, odd)| {
+                if odd == 0 {
+                    q.insert("$where", "true");
+                }
+                q
+            })
+        };
+        let update = prop_oneof![
+            3 => arb_update(),
+            1 => prop::collection::vec((arb_key(), arb_value()), 1..3).prop_map(|kv| {
+                let set: Document = kv.into_iter().filter(|(k, _)| !k.starts_with('$')).collect();
+                Bson::Array(vec![Bson::Document(doc! {"$set": set})])
+            }),
+        ];
+        prop_oneof![
+            (
+                prop::collection::vec((filter(), update, any::<bool>()), 1..5),
+                any::<bool>()
+            )
+                .prop_map(|(ops, sequence)| {
+                    let statements: Vec<Document> = ops
+                        .into_iter()
+                        .map(|(q, u, upsert)| doc! {"q": q, "u": u, "upsert": upsert})
+                        .collect();
+                    if sequence {
+                        msg(
+                            &doc! {"update": "c", "$db": "d"},
+                            Some(("updates", statements)),
+                        )
+                    } else {
+                        msg(
+                            &doc! {"update": "c", "updates": statements, "$db": "d"},
+                            None,
+                        )
+                    }
+                }),
+            prop::collection::vec(filter(), 1..5).prop_map(|qs| {
+                let statements: Vec<Document> =
+                    qs.into_iter().map(|q| doc! {"q": q, "limit": 0}).collect();
+                msg(
+                    &doc! {"delete": "c", "$db": "d"},
+                    Some(("deletes", statements)),
+                )
+            }),
+        ]
+    }
+
+    /// The statements the splice does not take go to the owned mapper one
+    /// by one, the others stay raw, and the command is what the owned
+    /// mapper makes of it whole (or refused as it refuses it).
+    #[test]
+    fn uncommon_statements_are_rewritten_alone_by_the_owned_mapper() {
+        let statements = vec![
+            doc! {"q": {"name": "a"}, "u": {"$set": {"score": 1}}},
+            doc! {"q": {"address.city": "Oslo"}, "u": [{"$set": {"name": "$email", "custom.Favourite Colour": 1}}]},
+            doc! {"q": {"tags": {"$elemMatch": {"name": 1}}}, "u": {"$rename": {"name": "email"}}},
+            doc! {"q": {}, "u": {"$inc": {"score": 1}}, "upsert": true},
+        ];
+        for sequence in [false, true] {
+            let m = if sequence {
+                msg(
+                    &doc! {"update": "c", "$db": "d"},
+                    Some(("updates", statements.clone())),
+                )
+            } else {
+                msg(
+                    &doc! {"update": "c", "updates": statements.clone(), "$db": "d"},
+                    None,
+                )
+            };
+            assert!(!check(&m), "the splice alone gives up");
+            assert!(check_as(&m, How::Fallback));
+            let mut refused = statements.clone();
+            refused.push(doc! {"q": {"$where": "true"}, "u": {"$set": {"score": 2}}});
+            let m = msg(
+                &doc! {"update": "c", "$db": "d"},
+                Some(("updates", refused)),
+            );
+            assert!(check_as(&m, How::Fallback));
+            assert!(matches!(rewrite(&m, How::Fallback).0, Some(Err(e)) if e.contains("$where")));
+        }
+        // A bulkWrite's op, alike.
+        let ops = vec![
+            doc! {"insert": 0, "document": {"name": "a"}},
+            doc! {"update": 1, "filter": {"name": "a"}, "updateMods": [{"$set": {"score": 1}}]},
+            doc! {"delete": 0, "filter": {"$where": "true"}},
+        ];
+        let m = bulk(ops[..2].to_vec(), true);
+        assert!(!check_bulk(&m));
+        assert!(check_bulk_as(&m, How::Fallback));
+        let m = bulk(ops, false);
+        assert!(check_bulk_as(&m, How::Fallback));
+        assert!(matches!(rewrite_bulk(&m, How::Fallback).0, Some(Err(e)) if e.contains("$where")));
+    }
+
+    #[test]
+    fn the_generated_statements_often_need_the_owned_mapper() {
+        // The property below says little unless many generated commands
+        // have statements the splice hands over, and some are refused.
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = arb_statements();
+        let (mut handed, mut refused) = (0, 0);
+        for _ in 0..300 {
+            let m = strategy.new_tree(&mut runner).unwrap().current();
+            match rewrite(&m, How::Fallback).0 {
+                Some(Ok(_)) if rewrite(&m, How::Splice).0.is_none() => handed += 1,
+                Some(Err(_)) => refused += 1,
+                _ => {}
+            }
+        }
+        assert!(
+            handed >= 60 && refused >= 20,
+            "{handed} handed over, {refused} refused"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #[test]
+        fn with_the_owned_mapper_for_uncommon_statements_the_splice_agrees_with_it(
+            m in prop_oneof![arb_command(), arb_statements()],
+            ops in prop::collection::vec(prop_oneof![
+                3 => arb_bulk_op(),
+                1 => (0..3i32, arb_filter()).prop_map(|(ns, q)| {
+                    doc! {"update": ns, "filter": q, "updateMods": [{"$set": {"name": 1}}]}
+                }),
+            ], 1..5),
+            sequences in any::<bool>(),
+        ) {
+            check_as(&m, How::Fallback);
+            prop_assert!(check_bulk_as(&bulk(ops, sequences), How::Fallback));
+        }
+    }
+
     /// A `bulkWrite` over three namespaces: two tokenized databases (each
     /// with its own dictionary) and one that is not. Its ops and `nsInfo`
     /// in the body or, as drivers send them, in sequences.
@@ -826,10 +1057,7 @@ mod tests {
 
     /// A `bulkWrite` rewritten by the splice (`None` if it gave up) or by
     /// the owned mapper, with the misses noted.
-    fn rewrite_bulk(
-        m: &OpMsg,
-        splice: bool,
-    ) -> (Option<std::result::Result<OpMsg, String>>, Misses) {
+    fn rewrite_bulk(m: &OpMsg, how: How) -> (Option<std::result::Result<OpMsg, String>>, Misses) {
         let policy = policy();
         let policies = Policies::new(policy.clone());
         let (d, mut e) = (dictionary(), (*dictionary()).clone());
@@ -844,22 +1072,38 @@ mod tests {
         };
         let (d_read, d_store) = (noting(&d, "d", false), noting(&d, "d", true));
         let (e_read, e_store) = (noting(&e, "e", false), noting(&e, "e", true));
-        let out = if splice {
-            let names = |read, store| {
+        let statement = |db: &'static str, coll: &'static str, read, store| {
+            let policies = &policies;
+            move |slots: &[Slot], raw: &[u8], out: &mut Vec<u8>| {
+                let names = Lookup { read, store };
+                mapper::statement(raw, slots, policies, db, coll, names, out)
+            }
+        };
+        let (d_statement, e_statement) = (
+            statement("d", "c", &d_read as &dyn Names, &d_store as &dyn Names),
+            statement("e", "people", &e_read, &e_store),
+        );
+        let out = if how != How::Owned {
+            let names = |read, store, statement| {
                 Some(OpNames {
                     policy: &policy,
                     read,
                     store,
+                    owned: (how == How::Fallback).then_some(Owned {
+                        statement,
+                        misses: &misses,
+                    }),
                 })
             };
             let per_ns = [
-                names(&d_read as &dyn Names, &d_store as &dyn Names),
-                names(&e_read, &e_store),
+                names(&d_read as &dyn Names, &d_store as &dyn Names, &d_statement),
+                names(&e_read, &e_store, &e_statement),
                 None,
             ];
             match bulk_write(m, &per_ns) {
                 Ok(msg) => Some(Ok(msg)),
                 Err(GiveUp::Uncommon) => None,
+                Err(GiveUp::Refused(e)) => Some(Err(e.to_string())),
                 Err(e) => Some(Err(format!("{e:?}"))),
             }
         } else {
@@ -888,18 +1132,16 @@ mod tests {
     /// Whether the splice took the `bulkWrite`; where it did, it gave what
     /// the owned mapper gives, and noted the same misses.
     fn check_bulk(m: &OpMsg) -> bool {
-        let (spliced, spliced_misses) = rewrite_bulk(m, true);
+        check_bulk_as(m, How::Splice)
+    }
+
+    fn check_bulk_as(m: &OpMsg, how: How) -> bool {
+        let (spliced, spliced_misses) = rewrite_bulk(m, how);
         let Some(spliced) = spliced else {
             return false;
         };
-        let (owned, owned_misses) = rewrite_bulk(m, false);
-        let (spliced, owned) = (spliced.unwrap(), owned.unwrap());
-        let owned = owned.expect("the splice takes nothing the owned mapper refuses");
-        assert_eq!(
-            spliced.sections, owned.sections,
-            "the splice and the owned rewrite differ"
-        );
-        assert_eq!(sorted(spliced_misses), sorted(owned_misses));
+        let (owned, owned_misses) = rewrite_bulk(m, How::Owned);
+        agree(spliced, spliced_misses, owned.unwrap(), owned_misses);
         true
     }
 
@@ -946,7 +1188,7 @@ mod tests {
             let m = bulk(ops.clone(), sequences);
             assert!(check_bulk(&m), "sequences: {sequences}");
             // The rewrite did something: the first document's names are tokens.
-            let (out, _) = rewrite_bulk(&m, true);
+            let (out, _) = rewrite_bulk(&m, How::Splice);
             let out = out.unwrap().unwrap();
             let first = Document::try_from(crate::rewrite::command::documents(&out, "ops")[0]);
             let stored = first.unwrap().get_document("document").unwrap().clone();
@@ -962,7 +1204,7 @@ mod tests {
             ],
             true,
         );
-        let (out, misses) = rewrite_bulk(&m, true);
+        let (out, misses) = rewrite_bulk(&m, How::Splice);
         let out = out.unwrap().unwrap();
         let ops = crate::rewrite::command::documents(&out, "ops");
         let key = |i: usize| {
