@@ -1,8 +1,7 @@
 //! ④ A request: which parts of it change, under which rules, and what its
 //! replies will need.
 
-use super::catalogue::Slot;
-use super::catalogue::{self, Replies};
+use super::catalogue::{self, Replies, Slot};
 use super::mapper::splice::{GiveUp, Owned};
 use super::names::{Misses, Noting};
 use super::shard_key::ReplyNeeds;
@@ -269,17 +268,7 @@ fn spliced_bulk_write(
     dbs: &[&str],
     misses: &std::cell::RefCell<Misses>,
 ) -> Result<Result<OpMsg, GiveUp>, ProxyError> {
-    let mut noted = Vec::with_capacity(dbs.len());
-    for &db in dbs {
-        let dict = t.store.dictionary(db)?;
-        let noting = |storing| Noting {
-            inner: dict.clone(),
-            db,
-            misses,
-            storing,
-        };
-        noted.push((db, noting(false), noting(true)));
-    }
+    let noted = noted(t, dbs, misses, false)?;
     // Each namespace's collection and names, if its database is tokenized.
     let namespaces = bulk_namespaces(m);
     let mut known = Vec::with_capacity(namespaces.len());
@@ -324,6 +313,29 @@ fn spliced_bulk_write(
     Ok(mapper::splice::bulk_write(m, &per_ns))
 }
 
+/// Each database's names through its dictionary, noting misses: those it
+/// reads (noted as stored if `streams`: a change stream's filters match
+/// documents not written yet) and those it stores.
+fn noted<'a>(
+    t: &crate::token::Tokens,
+    dbs: &[&'a str],
+    misses: &'a std::cell::RefCell<Misses>,
+    streams: bool,
+) -> Result<Vec<(&'a str, Noting<'a>, Noting<'a>)>, ProxyError> {
+    dbs.iter()
+        .map(|&db| {
+            let dict = t.store.dictionary(db)?;
+            let noting = |storing| Noting {
+                inner: dict.clone(),
+                db,
+                misses,
+                storing,
+            };
+            Ok((db, noting(streams), noting(true)))
+        })
+        .collect()
+}
+
 /// Whether a command may take the raw splice: one tokenized collection not
 /// being migrated (its filters then match both forms).
 fn spliceable(t: &crate::token::Tokens, db: &str, shape: &Shape<'_>) -> bool {
@@ -351,18 +363,7 @@ fn owned(
         hide_dictionaries(&mut cmd);
     }
     if let Some(t) = tokens {
-        // Each database's names through its dictionary, noting misses.
-        let mut noted = Vec::new();
-        for &db in dbs {
-            let dict = t.store.dictionary(db)?;
-            let noting = |storing| Noting {
-                inner: dict.clone(),
-                db,
-                misses,
-                storing,
-            };
-            noted.push((db, noting(shape.streams), noting(true)));
-        }
+        let noted = noted(t, dbs, misses, shape.streams)?;
         let lookup = |db: &str| {
             noted
                 .iter()
