@@ -601,12 +601,7 @@ mod tests {
         let out = if how != How::Owned {
             let name = m.body().iter().next().unwrap().unwrap().0.to_owned();
             let owned = (how == How::Fallback).then_some(&owned);
-            match command(m, &name, &policy, &read, &store, owned) {
-                Ok(msg) => Some(Ok(msg)),
-                Err(GiveUp::Uncommon) => None,
-                Err(GiveUp::Refused(e)) => Some(Err(e.to_string())),
-                Err(e) => Some(Err(format!("{e:?}"))),
-            }
+            outcome(command(m, &name, &policy, &read, &store, owned))
         } else {
             let mut cmd = Command::from_msg(m).unwrap();
             let lookup = Lookup {
@@ -669,6 +664,16 @@ mod tests {
         let (owned, owned_misses) = rewrite(m, How::Owned);
         agree(spliced, spliced_misses, owned.unwrap(), owned_misses);
         true
+    }
+
+    /// A splice's result as a test rewrite gives it.
+    fn outcome(r: Result<OpMsg>) -> Option<std::result::Result<OpMsg, String>> {
+        match r {
+            Ok(msg) => Some(Ok(msg)),
+            Err(GiveUp::Uncommon) => None,
+            Err(GiveUp::Refused(e)) => Some(Err(e.to_string())),
+            Err(e) => Some(Err(format!("{e:?}"))),
+        }
     }
 
     /// What a test rewrite gave: `None` if the splice gave up, an error's
@@ -860,17 +865,7 @@ mod tests {
                 }
             ),
             (prop::collection::vec((arb_filter(), arb_update(), any::<bool>()), 1..3), any::<bool>())
-                .prop_map(|(ops, sequence)| {
-                    let statements: Vec<Document> = ops
-                        .into_iter()
-                        .map(|(q, u, upsert)| doc! {"q": q, "u": u, "upsert": upsert})
-                        .collect();
-                    if sequence {
-                        msg(&doc! {"update": "c", "$db": "d"}, Some(("updates", statements)))
-                    } else {
-                        msg(&doc! {"update": "c", "updates": statements, "$db": "d"}, None)
-                    }
-                }),
+                .prop_map(|(ops, sequence)| update_command(ops, sequence)),
             arb_filter().prop_map(|q| msg(&doc! {"delete": "c", "deletes": [{"q": q, "limit": 1}], "$db": "d"}, None)),
             (arb_filter(), arb_update(), any::<bool>()).prop_map(|(q, u, upsert)| {
                 msg(&doc! {"findAndModify": "c", "query": q, "update": u, "upsert": upsert, "$db": "d"}, None)
@@ -902,6 +897,26 @@ mod tests {
         }
     }
 
+    /// An `update` of `(q, u, upsert)` statements, in a sequence or in the
+    /// body.
+    fn update_command(ops: Vec<(Document, Bson, bool)>, sequence: bool) -> OpMsg {
+        let statements: Vec<Document> = ops
+            .into_iter()
+            .map(|(q, u, upsert)| doc! {"q": q, "u": u, "upsert": upsert})
+            .collect();
+        if sequence {
+            msg(
+                &doc! {"update": "c", "$db": "d"},
+                Some(("updates", statements)),
+            )
+        } else {
+            msg(
+                &doc! {"update": "c", "updates": statements, "$db": "d"},
+                None,
+            )
+        }
+    }
+
     /// An update's or a delete's statements, some of shapes the splice
     /// does not take (a pipeline update, `$rename`, `$elemMatch`…) and
     /// some the owned mapper refuses (`$where`).
@@ -926,23 +941,7 @@ mod tests {
                 prop::collection::vec((filter(), update, any::<bool>()), 1..5),
                 any::<bool>()
             )
-                .prop_map(|(ops, sequence)| {
-                    let statements: Vec<Document> = ops
-                        .into_iter()
-                        .map(|(q, u, upsert)| doc! {"q": q, "u": u, "upsert": upsert})
-                        .collect();
-                    if sequence {
-                        msg(
-                            &doc! {"update": "c", "$db": "d"},
-                            Some(("updates", statements)),
-                        )
-                    } else {
-                        msg(
-                            &doc! {"update": "c", "updates": statements, "$db": "d"},
-                            None,
-                        )
-                    }
-                }),
+                .prop_map(|(ops, sequence)| update_command(ops, sequence)),
             prop::collection::vec(filter(), 1..5).prop_map(|qs| {
                 let statements: Vec<Document> =
                     qs.into_iter().map(|q| doc! {"q": q, "limit": 0}).collect();
@@ -1110,12 +1109,7 @@ mod tests {
                 names(&e_read, &e_store, &e_statement),
                 None,
             ];
-            match bulk_write(m, &per_ns) {
-                Ok(msg) => Some(Ok(msg)),
-                Err(GiveUp::Uncommon) => None,
-                Err(GiveUp::Refused(e)) => Some(Err(e.to_string())),
-                Err(e) => Some(Err(format!("{e:?}"))),
-            }
+            outcome(bulk_write(m, &per_ns))
         } else {
             let mut cmd = Command::from_msg(m).unwrap();
             let lookup = |db: &str| match db {
