@@ -37,7 +37,7 @@ pub struct ProxyContext {
     pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// KiB that large messages may take while they are decompressed or
     /// rewritten, all sessions together (see [`crate::exchange`]).
-    pub heavy_work: tokio::sync::Semaphore,
+    pub heavy_work: Arc<tokio::sync::Semaphore>,
     next_session: AtomicU64,
 }
 
@@ -83,8 +83,8 @@ impl ProxyContext {
             capture,
             cursors: CursorTable::new(config.max_held_bytes),
             tls,
-            heavy_work: tokio::sync::Semaphore::new(crate::exchange::heavy_work_budget_kib(
-                config.max_message_size,
+            heavy_work: Arc::new(tokio::sync::Semaphore::new(
+                crate::exchange::heavy_work_budget_kib(config.max_message_size),
             )),
             config,
             requires_auth: RequiresAuth::default(),

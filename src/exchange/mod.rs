@@ -255,19 +255,17 @@ impl Exchange {
             let kinds = |id| ctx.cursors.kind(id);
             return rewrite::request(&self.frame, &ctx.rewrite, legs, &kinds, dbs);
         }
-        let _budget = heavy_work(ctx, size).await?;
         let (frame, work, legs, dbs) = (
             self.frame.clone(),
             Arc::clone(ctx),
             legs.clone(),
             dbs.to_vec(),
         );
-        tokio::task::spawn_blocking(move || {
+        heavy_work(ctx, size, move || {
             let kinds = |id| work.cursors.kind(id);
             rewrite::request(&frame, &work.rewrite, &legs, &kinds, &dbs)
         })
-        .await
-        .map_err(|e| ProxyError::Internal(e.to_string()))?
+        .await?
     }
 
     fn forward(&mut self, ctx: &ProxyContext, out: Frame) -> Result<Step, ProxyError> {
@@ -387,16 +385,26 @@ pub fn heavy_work_budget_kib(max_message_size: usize) -> usize {
     (2 * max_message_size).div_ceil(1024)
 }
 
-/// A share of the budget for heavy work, for a message of `bytes`.
-async fn heavy_work(
+/// `work` on the blocking pool, holding a share of the budget for heavy
+/// work for a message of `bytes` until it ends (if the request waiting for
+/// it is dropped, the work goes on, and so does its share).
+async fn heavy_work<T: Send + 'static>(
     ctx: &ProxyContext,
     bytes: usize,
-) -> Result<tokio::sync::SemaphorePermit<'_>, ProxyError> {
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ProxyError> {
     let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
-    ctx.heavy_work
-        .acquire_many(kib)
+    let share = Arc::clone(&ctx.heavy_work)
+        .acquire_many_owned(kib)
         .await
-        .map_err(|e| ProxyError::Internal(e.to_string()))
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    tokio::task::spawn_blocking(move || {
+        let done = work();
+        drop(share);
+        done
+    })
+    .await
+    .map_err(|e| ProxyError::Internal(e.to_string()))
 }
 
 /// Unwraps OP_COMPRESSED, returning the compressor used. The size the
@@ -418,13 +426,11 @@ async fn decompress(
         let inner = c.decompress(&frame.header, max).map_err(malformed)?;
         return Ok((inner, Some(compressor)));
     }
-    let _budget = heavy_work(ctx, declared).await?;
-    let inner = tokio::task::spawn_blocking(move || match frame.message() {
+    let inner = heavy_work(ctx, declared, move || match frame.message() {
         Message::Compressed(c) => c.decompress(&frame.header, max),
         _ => unreachable!("checked above"),
     })
-    .await
-    .map_err(|e| ProxyError::Internal(e.to_string()))?
+    .await?
     .map_err(malformed)?;
     Ok((inner, Some(compressor)))
 }
