@@ -7,11 +7,14 @@
 //! scalars, comparison, `$in`/`$nin`, `$exists`, `$type`, `$regex` and
 //! `$and`/`$or`/`$nor`; projections of flags; sorts; hints; `distinct`
 //! keys; updates with `$set`, `$inc`, `$unset` and the other field
-//! operators on dotted paths, or a replacement document. Anything else
-//! (`$expr`, `$elemMatch`, a sub-document literal in a filter, pipelines,
-//! value paths, a migrating collection…) makes the splice give up, and the
-//! owned [`super::Mapper`] rewrites the whole command: the two agree byte for
-//! byte where both apply (property-tested below).
+//! operators on dotted paths, or a replacement document; a `bulkWrite`'s
+//! ops, each with its namespace's names. Anything else (`$expr`,
+//! `$elemMatch`, a sub-document literal in a filter, pipelines, value
+//! paths, a migrating collection…) makes the splice give up: in one
+//! statement of many (an update's, a delete's, a `bulkWrite`'s op), the
+//! owned [`super::Mapper`] rewrites that statement alone ([`Owned`]);
+//! anywhere else, the whole command. The two agree byte for byte where
+//! both apply (property-tested below).
 
 use super::paths::{logical_parts, path};
 use super::raw::tokenize_under;
