@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::capture::CaptureDir;
 use crate::config::ProxyConfig;
-use crate::exchange::{CursorTable, RequiresAuth};
+use crate::exchange::{CursorTable, HeavyWork, RequiresAuth};
 use crate::observe::Metrics;
 use crate::rewrite;
 use crate::token::{NameStore, Tokens};
@@ -35,9 +35,9 @@ pub struct ProxyContext {
     pub shadow: Option<Arc<crate::observe::Shadow>>,
     /// TLS towards drivers, if it is on.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
-    /// KiB that large messages may take while they are decompressed or
-    /// rewritten, all sessions together (see [`crate::exchange`]).
-    pub heavy_work: Arc<tokio::sync::Semaphore>,
+    /// The threads and the memory budget for heavy work: decompressing
+    /// and rewriting huge messages (see [`crate::exchange`]).
+    pub heavy: HeavyWork,
     next_session: AtomicU64,
 }
 
@@ -83,9 +83,7 @@ impl ProxyContext {
             capture,
             cursors: CursorTable::new(config.max_held_bytes),
             tls,
-            heavy_work: Arc::new(tokio::sync::Semaphore::new(
-                crate::exchange::heavy_work_budget_kib(config.max_message_size),
-            )),
+            heavy: HeavyWork::new(config.max_work_bytes, HeavyWork::threads())?,
             config,
             requires_auth: RequiresAuth::default(),
             metrics: Arc::new(Metrics::new(metrics)),

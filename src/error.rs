@@ -65,6 +65,19 @@ pub enum ProxyError {
     /// Held batches would pass the proxy's budget for them.
     #[error("{0}")]
     MemoryLimit(String),
+    /// Rewriting `what` would parse it into documents holding about
+    /// `needs` bytes, more than the `allowed` the rewrite was given
+    /// (`proxy.max_work_bytes` for the last try).
+    #[error(
+        "rewriting {what} parses it into documents, which would hold about {} MiB, more than the {} MiB the proxy may give it (proxy.max_work_bytes, for all heavy work together): send it in smaller parts, or raise max_work_bytes",
+        needs.div_ceil(1 << 20),
+        allowed >> 20
+    )]
+    WorkBudget {
+        what: String,
+        needs: usize,
+        allowed: usize,
+    },
     /// Documents of a collection being migrated could not be rewritten ahead
     /// of an update: they kept changing, or (`network`) the upstream could
     /// not be reached.
@@ -84,6 +97,7 @@ impl ProxyError {
             | ProxyError::Unsupported(_)
             | ProxyError::Unauthorized(_)
             | ProxyError::OtherSession(_)
+            | ProxyError::WorkBudget { .. }
             | ProxyError::Overflow => Side::Downstream,
             ProxyError::MemoryLimit(_) => Side::Internal,
             ProxyError::Store(_) | ProxyError::Dictionary(_) | ProxyError::Migration { .. } => {
@@ -106,7 +120,9 @@ impl ProxyError {
             ProxyError::Unsupported(_) => (115, "CommandNotSupported"),
             ProxyError::Unauthorized(_) => (13, "Unauthorized"),
             ProxyError::OtherSession(_) => (50738, "Location50738"),
-            ProxyError::MemoryLimit(_) => (146, "ExceededMemoryLimit"),
+            ProxyError::MemoryLimit(_) | ProxyError::WorkBudget { .. } => {
+                (146, "ExceededMemoryLimit")
+            }
             ProxyError::Overflow => (15, "Overflow"),
             ProxyError::Migration { network: true, .. } => (6, "HostUnreachable"),
             ProxyError::Migration { .. } => (112, "WriteConflict"),
@@ -144,6 +160,7 @@ impl ProxyError {
                 | ProxyError::Unauthorized(_)
                 | ProxyError::OtherSession(_)
                 | ProxyError::MemoryLimit(_)
+                | ProxyError::WorkBudget { .. }
                 | ProxyError::Overflow
                 | ProxyError::Migration { .. }
                 | ProxyError::Store(_)

@@ -179,6 +179,10 @@ pub struct ProxyConfig {
     /// Bytes of expanded documents the proxy may hold back, for all cursors
     /// together, when expansion makes a batch larger than a reply may be.
     pub max_held_bytes: usize,
+    /// Bytes of memory heavy work may hold, all sessions together: the
+    /// decompression and rewrite of messages over 1 MiB, and rewrites that
+    /// parse a command into documents (README, "Huge commands").
+    pub max_work_bytes: usize,
     /// Compressors offered to drivers, in order of preference.
     pub client_compressors: Vec<String>,
     /// Compressors offered to the upstream (empty: the upstream leg is uncompressed).
@@ -299,6 +303,14 @@ pub enum LogFormat {
     Json,
 }
 
+/// The default of `max_work_bytes`: two of the largest messages rewritten
+/// raw at once, each holding up to 8 times its size.
+pub const DEFAULT_MAX_WORK_BYTES: usize = 16 * MAX_MESSAGE_SIZE;
+
+/// The least `max_work_bytes`: what one rewrite on a runtime thread may
+/// hold before it is moved to the heavy work.
+pub const MIN_WORK_BYTES: usize = 16 << 20;
+
 impl Default for ProxyConfig {
     fn default() -> Self {
         ProxyConfig {
@@ -312,6 +324,7 @@ impl Default for ProxyConfig {
             shutdown_grace_ms: 10_000,
             max_message_size: MAX_MESSAGE_SIZE,
             max_held_bytes: 256 << 20,
+            max_work_bytes: DEFAULT_MAX_WORK_BYTES,
             client_compressors: Compressor::SUPPORTED
                 .iter()
                 .map(|c| c.name().to_owned())
@@ -418,6 +431,13 @@ impl Config {
                 "proxy.max_connections",
                 "0".into(),
                 "must be at least 1",
+            ));
+        }
+        if p.max_work_bytes < MIN_WORK_BYTES {
+            return Err(invalid(
+                "proxy.max_work_bytes",
+                p.max_work_bytes.to_string(),
+                "must be at least 16777216 (16 MiB)",
             ));
         }
         if !(1024..=MAX_MESSAGE_SIZE).contains(&p.max_message_size) {

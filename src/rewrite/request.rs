@@ -24,13 +24,16 @@ pub fn admit(frame: &Frame, settings: &Settings) -> Result<(), ProxyError> {
 }
 
 /// Rewrites one decompressed request; `dbs` are the tokenized databases its
-/// names belong to ([`token_databases`]).
+/// names belong to ([`token_databases`]). A part of it the owned mapper
+/// would rewrite holding more than `may_hold` bytes ([`mapper::holds`]) is
+/// not parsed: the request is refused with [`ProxyError::WorkBudget`].
 pub fn request(
     frame: &Frame,
     settings: &Settings,
     legs: &LegState,
     kinds: CursorKinds<'_>,
     dbs: &[String],
+    may_hold: usize,
 ) -> Result<Rewritten, ProxyError> {
     let name = frame.command_name();
     if let Message::Query(q) = frame.message() {
@@ -49,7 +52,7 @@ pub fn request(
         (Some(_), Message::Msg(m))
             if !settings.shard_keys.is_empty() || settings.tokens.is_some() =>
         {
-            rewrite_command(m, frame, settings, kinds, dbs)
+            rewrite_command(m, frame, settings, kinds, dbs, may_hold)
         }
         _ => Ok(Rewritten::unchanged(ReplyPlan::Forward)),
     }
@@ -124,6 +127,7 @@ fn rewrite_command(
     settings: &Settings,
     kinds: CursorKinds<'_>,
     dbs: &[String],
+    may_hold: usize,
 ) -> Result<Rewritten, ProxyError> {
     let keys = &settings.shard_keys;
     let body = m.body();
@@ -164,7 +168,7 @@ fn rewrite_command(
         };
         return Ok(Rewritten::unchanged(plan));
     }
-    rewrite_tokens(m, frame, settings, rules, &shape, &dbs)
+    rewrite_tokens(m, frame, settings, rules, &shape, &dbs, may_hold)
 }
 
 /// Tokenizes a command with the dictionaries of `dbs` (and applies
@@ -176,6 +180,7 @@ fn rewrite_tokens(
     mut rules: ReplyRules,
     shape: &Shape<'_>,
     dbs: &[&str],
+    may_hold: usize,
 ) -> Result<Rewritten, ProxyError> {
     let tokens = settings.tokens.as_ref();
     let misses = std::cell::RefCell::new(Misses::default());
@@ -216,6 +221,11 @@ fn rewrite_tokens(
             let (read, store) = (noting(shape.streams), noting(true));
             let coll = shape.collection.unwrap_or_default();
             let statement = |slots: &[Slot], raw: &[u8], out: &mut Vec<u8>| {
+                affordable(
+                    || format!("a statement of this {}", shape.name),
+                    [raw],
+                    may_hold,
+                )?;
                 let names = mapper::Lookup {
                     read: &read,
                     store: &store,
@@ -237,7 +247,7 @@ fn rewrite_tokens(
             ))
         }
         (Some(t), None) if shape.name == "bulkWrite" && !shape.concerns && !shape.hide => {
-            Some(spliced_bulk_write(m, t, dbs, &misses)?)
+            Some(spliced_bulk_write(m, t, dbs, &misses, may_hold)?)
         }
         _ => None,
     };
@@ -247,6 +257,11 @@ fn rewrite_tokens(
         Some(Err(GiveUp::Refused(e))) => return Err(e),
         Some(Err(GiveUp::Uncommon)) | None => {
             *misses.borrow_mut() = Misses::default();
+            let parts: Vec<&[u8]> = std::iter::once(m.body().as_bytes())
+                .chain(m.sequences().flat_map(|s| s.documents()))
+                .collect();
+            let parts = parts.iter().copied();
+            affordable(|| format!("this {}", shape.name), parts, may_hold)?;
             owned(m, settings, &mut rules, shape, dbs, &misses, one)?
         }
     };
@@ -267,6 +282,7 @@ fn spliced_bulk_write(
     t: &crate::token::Tokens,
     dbs: &[&str],
     misses: &std::cell::RefCell<Misses>,
+    may_hold: usize,
 ) -> Result<Result<OpMsg, GiveUp>, ProxyError> {
     let noted = noted(t, dbs, misses, false)?;
     // Each namespace's collection and names, if its database is tokenized.
@@ -292,6 +308,7 @@ fn spliced_bulk_write(
         .map(|found| {
             let (db, coll, read, store) = (*found)?;
             Some(move |slots: &[Slot], raw: &[u8], out: &mut Vec<u8>| {
+                affordable(|| "an op of this bulkWrite".to_owned(), [raw], may_hold)?;
                 let names = mapper::Lookup { read, store };
                 mapper::statement(raw, slots, &t.policies, db, coll, names, out)
             })
@@ -334,6 +351,35 @@ fn noted<'a>(
             Ok((db, noting(streams), noting(true)))
         })
         .collect()
+}
+
+/// Refuses the owned rewrite of `parts` if it would hold more than
+/// `may_hold` bytes ([`mapper::holds`]): `what` names it in the refusal.
+/// Parts too small to hold that much whatever their shape are not walked.
+fn affordable<'p, P>(
+    what: impl FnOnce() -> String,
+    parts: P,
+    may_hold: usize,
+) -> Result<(), ProxyError>
+where
+    P: IntoIterator<Item = &'p [u8]> + Clone,
+{
+    let bytes: usize = parts.clone().into_iter().map(<[u8]>::len).sum();
+    if bytes.saturating_mul(mapper::MOST_HELD_PER_BYTE) <= may_hold {
+        return Ok(());
+    }
+    let needs = parts
+        .into_iter()
+        .map(mapper::holds)
+        .fold(0, usize::saturating_add);
+    if needs <= may_hold {
+        return Ok(());
+    }
+    Err(ProxyError::WorkBudget {
+        what: what(),
+        needs,
+        allowed: may_hold,
+    })
 }
 
 /// Whether a command may take the raw splice: one tokenized collection not

@@ -96,7 +96,19 @@ fn the_kubernetes_example_is_a_valid_sidecar_with_probes_tls_and_a_valid_config(
     assert_eq!(laconic["readinessProbe"]["httpGet"]["port"], "metrics");
     // Memory requested and limited; the upstream URI from a secret.
     assert!(laconic["resources"]["requests"]["memory"].is_string());
-    assert!(laconic["resources"]["limits"]["memory"].is_string());
+    let limit = laconic["resources"]["limits"]["memory"].as_str().unwrap();
+    let limit: usize = match limit.split_at(limit.len() - 2) {
+        (n, "Mi") => n.parse::<usize>().unwrap() << 20,
+        (n, "Gi") => n.parse::<usize>().unwrap() << 30,
+        _ => panic!("a memory limit in Mi or Gi: {limit}"),
+    };
+    // The proxy's budgets fit in the limit beside its resting size (about
+    // 31 MB, README) and its connections.
+    let budgets = config.proxy.max_held_bytes + config.proxy.max_work_bytes;
+    assert!(
+        budgets + (48 << 20) <= limit,
+        "budgets of {budgets} bytes in a limit of {limit}"
+    );
     let upstream = laconic["env"]
         .as_sequence()
         .unwrap()

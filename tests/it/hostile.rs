@@ -544,8 +544,13 @@ async fn upstream_goes_away(go: fn(&common::Upstream), how: &str, durable: &[&st
 
 /// The RSS of process `pid`, in KiB.
 fn rss_of(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A figure of process `pid`'s status (`VmRSS:`, `VmHWM:`…), in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
@@ -732,4 +737,119 @@ async fn a_long_rewrite_leaves_the_proxy_answering_others() {
         longest * 2 < took,
         "the probe waited {longest:?} of the command's {took:?}"
     );
+}
+
+/// The owned mapper holds hundreds of bytes per element of what it parses
+/// (an aggregate's pipeline, here): such a rewrite is given a share of the
+/// proxy's budget for heavy work (`max_work_bytes`) by the shape of what it
+/// parses, before parsing it. One that would hold more than the whole
+/// budget is refused with error 146 (a command, or the one statement of it
+/// the raw splice does not take), while the raw splice rewrites the same
+/// values elsewhere; those that fit are rewritten within it. The proxy's peak RSS shows it: four aggregates at once, each
+/// holding about 55 MB while it is rewritten, would hold about 220 MB
+/// together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_rewrites_stay_within_the_work_budget() {
+    const BUDGET: u64 = 128 << 20;
+    let config = common::temp_dir("work-budget").join("laconic.toml");
+    std::fs::write(&config, format!("[proxy]\nmax_work_bytes = {BUDGET}\n")).unwrap();
+    let (mut child, addr) = common::serve_process(&[
+        "--tokenize-min-len",
+        "1",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    let pid = child.id();
+    let client = mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
+        .await
+        .unwrap();
+    let db = client.database(&db_name("workbudget", "app"));
+    let docs: Vec<Document> = (0..10).map(|i| doc! {"_id": i, "score": i}).collect();
+    db.collection::<Document>("c")
+        .insert_many(docs.clone())
+        .await
+        .unwrap();
+    let aggregate = |n: i32| {
+        let scores: Vec<i32> = (0..n).collect();
+        doc! {
+            "aggregate": "c",
+            "pipeline": [{"$match": {"score": {"$in": scores}}}, {"$sort": {"_id": 1}}],
+            "cursor": {},
+        }
+    };
+    let before = status_kib(pid, "VmHWM:");
+
+    // About 260 MB to rewrite: refused before it is parsed.
+    let e = common::command_error(db.run_command(aggregate(400_000)).await.unwrap_err());
+    assert_eq!((e.code, e.code_name.as_str()), (146, "ExceededMemoryLimit"));
+    assert!(
+        e.message.starts_with("laconic: rewriting this aggregate")
+            && e.message.contains("max_work_bytes"),
+        "{}",
+        e.message
+    );
+    // A statement the owned mapper rewrites (a pipeline update): refused
+    // by name, the rest of the command spliced raw.
+    let big: Vec<i32> = (0..400_000).collect();
+    let update = doc! {
+        "update": "c",
+        "updates": [
+            {"q": {"_id": 1}, "u": {"$set": {"seen": true}}},
+            {"q": {"_id": -1}, "u": [{"$set": {"list": {"$literal": &big}}}]},
+        ],
+    };
+    let e = common::command_error(db.run_command(update).await.unwrap_err());
+    assert_eq!(e.code, 146);
+    assert!(
+        e.message
+            .starts_with("laconic: rewriting a statement of this update"),
+        "{}",
+        e.message
+    );
+    // The same values in a filter the raw splice rewrites: nothing is
+    // parsed into documents, and nothing refused.
+    let find = doc! {"find": "c", "filter": {"score": {"$in": &big}}, "sort": {"_id": 1}};
+    let found = db.run_command(find).await.unwrap();
+    assert_eq!(
+        found
+            .get_document("cursor")
+            .unwrap()
+            .get_array("firstBatch")
+            .unwrap()
+            .len(),
+        10
+    );
+    let refused = status_kib(pid, "VmHWM:");
+
+    // Four of about 65 MB each, at once: each rewritten and answered.
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let (db, command) = (db.clone(), aggregate(100_000));
+            tokio::spawn(async move { db.run_command(command).await })
+        })
+        .collect();
+    for run in runs {
+        let reply = run.await.unwrap().unwrap();
+        let batch: Vec<&Document> = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .unwrap_or_else(|_| panic!("{reply}"))
+            .iter()
+            .filter_map(bson::Bson::as_document)
+            .collect();
+        assert_eq!(batch, docs.iter().collect::<Vec<_>>());
+    }
+    let peak = status_kib(pid, "VmHWM:");
+    eprintln!(
+        "peak RSS {before} KiB before, {refused} KiB after the refusals, {peak} KiB after four rewrites at once within a budget of {} KiB",
+        BUDGET >> 10
+    );
+    assert!(
+        (peak - before) << 10 < BUDGET,
+        "the peak rose by {} KiB, past the budget of {} KiB",
+        peak - before,
+        BUDGET >> 10
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
 }

@@ -87,6 +87,42 @@ pub fn statement(
         .map_err(|e| ProxyError::Internal(format!("a rewritten statement: {e}")))
 }
 
+/// About the most memory the owned mapper holds to rewrite `raw` (a
+/// command's body or one of its sequences' documents, or a statement): it
+/// parses it into documents and builds the rewritten ones beside them,
+/// many times its size where its elements are small. Measured on an
+/// aggregate's `$match` (release build, peak RSS, one run each): a `$in`
+/// of 1,000,000 int32 (11.9 MB) held 549 MB; of 600,000 short strings,
+/// 299 MB; of 1,000,000 nulls, 395 MB; of 200,000 one-field documents,
+/// 376 MB. This estimate, 600 bytes per element, 1,000 more per document
+/// or array and 4 per byte, is 1.2 to 1.6 times each of those.
+pub fn holds(raw: &[u8]) -> usize {
+    /// A document or array of `depth`: its elements and containers.
+    fn census(doc: &[u8], depth: usize) -> (usize, usize) {
+        let (mut elements, mut containers) = (0, 1);
+        let Ok(depth) = crate::rewrite::walker::descend(depth) else {
+            return (elements, containers);
+        };
+        for e in crate::rewrite::walker::elements(doc).map_while(Result::ok) {
+            elements += 1;
+            if matches!(e.kind, 0x03 | 0x04) {
+                let (e, c) = census(e.value, depth);
+                elements += e;
+                containers += c;
+            }
+        }
+        (elements, containers)
+    }
+    let (elements, containers) = census(raw, 0);
+    (elements * 600)
+        .saturating_add(containers * 1000)
+        .saturating_add(raw.len() * 4)
+}
+
+/// The most [`holds`] says per byte: of a document of empty-keyed nulls,
+/// an element every 2 bytes (an empty document is 7, with its element).
+pub const MOST_HELD_PER_BYTE: usize = 600 / 2 + 4;
+
 /// The collection a command addresses: the string value of its first field.
 pub(super) fn collection_of(body: &Document) -> &str {
     match body.iter().next() {
