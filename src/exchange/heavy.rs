@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{mpsc, Arc};
 
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ProxyError;
 
@@ -22,7 +22,7 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// The threads and the budget: KiB of memory all heavy work together may
 /// hold.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct HeavyWork {
     budget: Arc<Semaphore>,
     most_kib: usize,
@@ -76,16 +76,39 @@ impl HeavyWork {
         bytes: usize,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ProxyError> {
-        let kib = u32::try_from(bytes.div_ceil(1024).min(self.most_kib)).unwrap_or(u32::MAX);
         let share = Arc::clone(&self.budget)
-            .acquire_many_owned(kib)
+            .acquire_many_owned(self.kib(bytes))
             .await
             .map_err(|e| ProxyError::Internal(e.to_string()))?;
-        let (done, result) = oneshot::channel();
-        let job = move || {
+        self.run_held(move || {
             let out = work();
             drop(share);
-            let _ = done.send(out);
+            out
+        })
+        .await
+    }
+
+    /// A share of `bytes` if the budget has it now, for work that is
+    /// better not done than waited for (a shadow-mode sample): it is held
+    /// until the [`Share`] is dropped. None larger than the whole budget.
+    pub fn try_share(&self, bytes: usize) -> Option<Share> {
+        if bytes.div_ceil(1024) > self.most_kib {
+            return None;
+        }
+        Arc::clone(&self.budget)
+            .try_acquire_many_owned(self.kib(bytes))
+            .ok()
+            .map(|held| Share { _held: held })
+    }
+
+    /// `work` on a heavy-work thread, within a share its caller holds.
+    pub async fn run_held<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ProxyError> {
+        let (done, result) = oneshot::channel();
+        let job = move || {
+            let _ = done.send(work());
         };
         self.jobs
             .send(Box::new(job))
@@ -94,6 +117,22 @@ impl HeavyWork {
             .await
             .map_err(|_| ProxyError::Internal("heavy work failed".into()))
     }
+
+    /// Bytes held by heavy work now.
+    pub fn held(&self) -> usize {
+        (self.most_kib - self.budget.available_permits().min(self.most_kib)) * 1024
+    }
+
+    /// A share of `bytes` in KiB: the whole budget at most.
+    fn kib(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.div_ceil(1024).min(self.most_kib)).unwrap_or(u32::MAX)
+    }
+}
+
+/// Part of the heavy-work budget, held until dropped.
+#[derive(Debug)]
+pub struct Share {
+    _held: OwnedSemaphorePermit,
 }
 
 #[cfg(test)]
@@ -137,5 +176,15 @@ mod tests {
             assert!(matches!(e, Err(ProxyError::Internal(_))), "{e:?}");
         }
         assert_eq!(heavy.run(1, || 2).await.unwrap(), 2);
+
+        // Shares taken now or never, and given back when dropped.
+        let three = heavy.try_share(3072).expect("room for 3 KiB of 4");
+        assert_eq!(heavy.held(), 3072);
+        assert!(heavy.try_share(2048).is_none());
+        assert_eq!(heavy.run_held(|| 3).await.unwrap(), 3);
+        drop(three);
+        assert_eq!(heavy.held(), 0);
+        assert!(heavy.try_share(4097).is_none(), "more than the budget");
+        assert!(heavy.try_share(4096).is_some());
     }
 }

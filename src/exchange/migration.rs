@@ -4,6 +4,8 @@
 //! the migration converts them (one conditional update each), so that the
 //! update meets the stored form only.
 
+use std::sync::Arc;
+
 use bson::Document;
 use tracing::{debug, warn};
 
@@ -13,13 +15,18 @@ use crate::error::ProxyError;
 use crate::rewrite;
 use crate::rewrite::walker::Fields;
 use crate::token::Migration;
-use crate::wire::OpMsg;
+use crate::wire::{Frame, OpMsg};
+
+use super::{larger_hold, INLINE_HOLD};
 
 pub(super) async fn convert_ahead(
-    ctx: &ProxyContext,
-    m: &OpMsg,
+    ctx: &Arc<ProxyContext>,
+    frame: &Frame,
     command: &str,
 ) -> Result<(), ProxyError> {
+    let Some(m) = frame.op_msg() else {
+        return Ok(());
+    };
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(());
     };
@@ -34,9 +41,7 @@ pub(super) async fn convert_ahead(
     let Some(migration) = t.policies.migration(db, coll) else {
         return Ok(());
     };
-    let cmd = rewrite::Command::from_msg(m)?;
-    let names = t.store.dictionary(db)?;
-    let filters = rewrite::mapper::migration_filters(&cmd, db, &t.policies, &*names)?;
+    let filters = filters(ctx, frame, m, db, command).await?;
     let target = Target {
         coll: &ctx.own.database(db).collection(coll),
         store: &t.store,
@@ -54,6 +59,40 @@ pub(super) async fn convert_ahead(
         debug!(db, coll, documents = n, "converted ahead of an update");
     }
     Ok(())
+}
+
+/// The filters of an update of a migrating collection, read from it
+/// parsed into documents: on a runtime thread if that holds little
+/// ([`INLINE_HOLD`]), as heavy work within its share of the budget
+/// otherwise, and refused (146 `ExceededMemoryLimit`) past the whole
+/// budget, as its rewrite is.
+async fn filters(
+    ctx: &Arc<ProxyContext>,
+    frame: &Frame,
+    m: &OpMsg,
+    db: &str,
+    command: &str,
+) -> Result<Vec<Document>, ProxyError> {
+    fn parse(ctx: &ProxyContext, m: &OpMsg, db: &str) -> Result<Vec<Document>, ProxyError> {
+        let Some(t) = &ctx.rewrite.tokens else {
+            return Ok(Vec::new());
+        };
+        let cmd = rewrite::Command::from_msg(m)?;
+        let names = t.store.dictionary(db)?;
+        rewrite::mapper::migration_filters(&cmd, db, &t.policies, &*names)
+    }
+    let what = || format!("the conversion ahead of this {command}");
+    let share = match rewrite::whole_affordable(m, what, INLINE_HOLD) {
+        Ok(()) => return parse(ctx, m, db),
+        Err(refused) => larger_hold(refused, INLINE_HOLD, ctx.config.max_work_bytes)?,
+    };
+    let (work, frame, db) = (Arc::clone(ctx), frame.clone(), db.to_owned());
+    ctx.heavy
+        .run(share, move || match frame.op_msg() {
+            Some(m) => parse(&work, m, &db),
+            None => Ok(Vec::new()),
+        })
+        .await?
 }
 
 /// Converts what `filter` matches, once more if a connection failed on

@@ -30,7 +30,7 @@ pub use heavy::HeavyWork;
 
 use crate::context::ProxyContext;
 use crate::error::{ProxyError, Side};
-use crate::observe::Metrics;
+use crate::observe::{Metrics, Shadow, Shadowed};
 use crate::rewrite::{self, LegState, ReplyPlan};
 use crate::wire::{may_compress, Compressor, Frame, Message};
 use tokens::Gate;
@@ -73,7 +73,7 @@ pub struct Exchange {
     command: String,
     plan: ReplyPlan,
     /// The logical read, kept for shadow mode's comparison.
-    shadowed: Option<bson::Document>,
+    shadowed: Option<Frame>,
     /// Who sends it: the owner of the cursors it opens.
     owner: Owner,
     /// A reply said the upstream host stopped being the primary.
@@ -234,9 +234,7 @@ impl Exchange {
                 }
             }
             tokens::claim(ctx, dbs, &self.command).await?;
-            if let Message::Msg(m) = self.frame.message() {
-                migration::convert_ahead(ctx, m, &self.command).await?;
-            }
+            migration::convert_ahead(ctx, &self.frame, &self.command).await?;
             if tokens::still_current(ctx, dbs, marks, admitted).await? {
                 self.plan = rewritten.plan;
                 return Ok(rewritten.frame);
@@ -301,7 +299,7 @@ impl Exchange {
         }
         if let (Some(shadow), Message::Msg(m)) = (&ctx.shadow, self.frame.message()) {
             if self.expects_reply() && shadow.wants(&self.command, m.body()) {
-                self.shadowed = rewrite::to_document(m.body()).ok();
+                self.shadowed = Some(self.frame.clone());
             }
         }
         Ok(Step::Forward(out))
@@ -332,14 +330,8 @@ impl Exchange {
                         .documents(db, "read", m.body().as_bytes().len(), physical);
                 }
             }
-            if let (Some(logical), Some(shadow)) = (&self.shadowed, &ctx.shadow) {
-                if let Ok(answer) = rewrite::to_document(m.body()) {
-                    tokio::spawn(shadow.clone().check(
-                        logical.clone(),
-                        answer,
-                        ctx.metrics.clone(),
-                    ));
-                }
+            if let (Some(logical), Some(shadow)) = (self.shadowed.take(), &ctx.shadow) {
+                compare(ctx, shadow, &self.command, logical, frame.clone());
             }
         }
         ctx.cursors.learn(&replied.cursor, &self.owner);
@@ -382,6 +374,38 @@ impl Exchange {
             _ => Ok(reply),
         }
     }
+}
+
+/// Compares a sampled read's answer with the shadow deployment's, in the
+/// background, within a share of the heavy-work budget: what the two
+/// commands and both answers hold parsed into documents (the shadow's
+/// answer about as large as the driver's). A read the budget has no room
+/// for now is not compared, and counted as skipped: a sample never waits,
+/// and never holds memory the budget does not know of. Both are parsed on
+/// a heavy-work thread.
+fn compare(ctx: &ProxyContext, shadow: &Arc<Shadow>, command: &str, request: Frame, reply: Frame) {
+    let (Some(q), Some(a)) = (request.op_msg(), reply.op_msg()) else {
+        return;
+    };
+    let needs = rewrite::mapper::holds(q.body().as_bytes())
+        .saturating_add(rewrite::mapper::holds(a.body().as_bytes()).saturating_mul(2));
+    let Some(share) = ctx.heavy.try_share(needs) else {
+        ctx.metrics.shadow(command, Shadowed::Skipped);
+        return;
+    };
+    let (shadow, heavy, metrics) = (shadow.clone(), ctx.heavy.clone(), ctx.metrics.clone());
+    tokio::spawn(async move {
+        let parsed = heavy
+            .run_held(move || {
+                let doc = |f: &Frame| f.op_msg().and_then(|m| rewrite::to_document(m.body()).ok());
+                doc(&request).zip(doc(&reply))
+            })
+            .await;
+        if let Ok(Some((request, reply))) = parsed {
+            shadow.check(request, reply, metrics).await;
+        }
+        drop(share);
+    });
 }
 
 /// Records a request's latency when its exchange ends, however it ends.

@@ -67,6 +67,19 @@ pub enum Way {
     Out,
 }
 
+/// What came of a read sampled for shadow mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shadowed {
+    /// Compared, and the same (`outcome="compared"`).
+    Same = 0,
+    /// Compared, and different (counted as compared too).
+    Different = 1,
+    /// The shadow deployment did not answer.
+    Unanswered = 2,
+    /// Not compared: the heavy-work budget had no room for it then.
+    Skipped = 3,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     /// Collection switched off (`proxy.metrics = false`): nothing is counted.
@@ -92,7 +105,7 @@ pub struct Metrics {
     store_misses: AtomicU64,
     store_round_trips: AtomicU64,
     /// Shadowed reads by command: [compared, differing, unanswered].
-    shadow: DashMap<&'static str, [AtomicU64; 3]>,
+    shadow: DashMap<&'static str, [AtomicU64; 4]>,
 }
 
 impl Default for Metrics {
@@ -229,21 +242,17 @@ impl Metrics {
         }
     }
 
-    /// One shadowed read: `Some(differs)`, or `None` if the shadow did not answer.
-    pub fn shadow(&self, command: &str, outcome: Option<bool>) {
+    /// One sampled read, and what came of it.
+    pub fn shadow(&self, command: &str, outcome: Shadowed) {
         if self.off {
             return;
         }
         let entry = self.shadow.entry(command_label(command)).or_default();
-        let i = match outcome {
-            Some(false) => 0,
-            Some(true) => {
-                entry[0].fetch_add(1, Relaxed);
-                1
-            }
-            None => 2,
-        };
-        entry[i].fetch_add(1, Relaxed);
+        if outcome == Shadowed::Different {
+            // A difference is a comparison too.
+            entry[Shadowed::Same as usize].fetch_add(1, Relaxed);
+        }
+        entry[outcome as usize].fetch_add(1, Relaxed);
     }
 
     /// Bytes of documents held back for cursors now.
@@ -252,14 +261,15 @@ impl Metrics {
             .store(i64::try_from(bytes).unwrap_or(i64::MAX), Relaxed);
     }
 
-    /// The Prometheus text exposition, with the dictionaries' states.
-    pub fn render(&self, dictionaries: &[Status]) -> String {
+    /// The Prometheus text exposition, with the dictionaries' states and
+    /// the bytes heavy work holds now.
+    pub fn render(&self, dictionaries: &[Status], heavy_work_bytes: usize) -> String {
         let mut out = String::new();
         if self.off {
             out.push_str("# metrics collection is off (proxy.metrics = false)\n");
             return out;
         }
-        self.render_connections(&mut out);
+        self.render_connections(&mut out, heavy_work_bytes);
         self.render_requests(&mut out);
         self.render_bytes(&mut out);
         self.render_store(&mut out, dictionaries);
@@ -267,7 +277,7 @@ impl Metrics {
         out
     }
 
-    fn render_connections(&self, out: &mut String) {
+    fn render_connections(&self, out: &mut String, heavy_work_bytes: usize) {
         for (name, kind, help, v) in [
             (
                 "laconic_connections_open",
@@ -292,6 +302,12 @@ impl Metrics {
                 "gauge",
                 "Bytes of expanded documents held back for cursors (bounded by proxy.max_held_bytes).",
                 self.held_bytes.load(Relaxed),
+            ),
+            (
+                "laconic_heavy_work_bytes",
+                "gauge",
+                "Bytes of the heavy-work budget held now: large rewrites, decompression, shadow comparisons (bounded by proxy.max_work_bytes).",
+                i64::try_from(heavy_work_bytes).unwrap_or(i64::MAX),
             ),
         ] {
             family(out, name, kind, help);
@@ -478,14 +494,15 @@ impl Metrics {
             "counter",
             "Reads shadowed to the untokenized deployment, by command and outcome.",
         );
-        let mut shadowed: Vec<(&str, [u64; 3])> = self
+        let mut shadowed: Vec<(&str, [u64; 4])> = self
             .shadow
             .iter()
-            .map(|e| (*e.key(), [0, 1, 2].map(|i| e.value()[i].load(Relaxed))))
+            .map(|e| (*e.key(), [0, 1, 2, 3].map(|i| e.value()[i].load(Relaxed))))
             .collect();
         shadowed.sort_unstable();
         for (c, counts) in shadowed {
-            for (outcome, n) in ["compared", "different", "unanswered"].iter().zip(counts) {
+            let outcomes = ["compared", "different", "unanswered", "skipped"];
+            for (outcome, n) in outcomes.iter().zip(counts) {
                 let _ = writeln!(
                     out,
                     "laconic_shadow_reads_total{{command=\"{c}\",outcome=\"{outcome}\"}} {n}"
@@ -563,7 +580,7 @@ mod tests {
         assert_eq!(m.connections_total.load(Relaxed), 0);
         assert_eq!(m.bytes[0].load(Relaxed), 0);
         assert_eq!(
-            m.render(&[status("app", 12)]),
+            m.render(&[status("app", 12)], 0),
             "# metrics collection is off (proxy.metrics = false)\n"
         );
         assert!(Metrics::new(true).enabled());
@@ -579,7 +596,7 @@ mod tests {
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
-        let text = m.render(&[status("app", 12)]);
+        let text = m.render(&[status("app", 12)], 0);
         for line in [
             "laconic_connections_open 1",
             "laconic_requests_total{command=\"insert\"} 3",
@@ -610,7 +627,7 @@ mod tests {
             m.request(&format!("cmd{i}\nINFO forged"), Duration::from_micros(5));
             m.documents(&format!("db{i}.c"), "write", 10, 5);
         }
-        let text = m.render(&[]);
+        let text = m.render(&[], 0);
         assert!(text.len() < 20_000, "{} bytes", text.len());
         assert!(text.contains("laconic_requests_total{command=\"other\"} 20000"));
         assert!(text.contains("laconic_metrics_folded_total 19990"));

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use bson::{Document, RawDocument};
 use tracing::{debug, warn};
 
-use super::Metrics;
+use super::{Metrics, Shadowed};
+use crate::rewrite::walker::{descend, elements};
 
 /// The shadow deployment and how often to ask it.
 #[derive(Debug)]
@@ -59,11 +60,8 @@ impl Shadow {
         }
         if command == "aggregate" {
             // Pipelines that write or stream are not reads to repeat.
-            let text = format!("{:?}", body.get_array("pipeline").ok());
-            if ["$out", "$merge", "$changeStream"]
-                .iter()
-                .any(|s| text.contains(s))
-            {
+            let pipeline = body.get_array("pipeline").ok();
+            if pipeline.is_none_or(|p| names_a_stage(p.as_bytes(), NOT_READS, 0)) {
                 return false;
             }
         }
@@ -92,7 +90,7 @@ impl Shadow {
                 },
                 other => {
                     debug!(command = ?command, error = %other, "the shadow did not answer");
-                    metrics.shadow(&command, None);
+                    metrics.shadow(&command, Shadowed::Unanswered);
                     return;
                 }
             },
@@ -106,7 +104,11 @@ impl Shadow {
                 "shadow difference: the untokenized deployment answers otherwise"
             );
         }
-        metrics.shadow(&command, Some(difference.is_some()));
+        let outcome = match difference {
+            Some(_) => Shadowed::Different,
+            None => Shadowed::Same,
+        };
+        metrics.shadow(&command, outcome);
         if let Some(id) = answer
             .get_document("cursor")
             .ok()
@@ -126,5 +128,56 @@ impl Shadow {
                 .run_command(bson::doc! {"killCursors": coll, "cursors": [id]})
                 .await;
         }
+    }
+}
+
+/// Stages that write or stream: a pipeline naming one is not repeated on
+/// the shadow deployment.
+const NOT_READS: &[&[u8]] = &[
+    b"$out",
+    b"$merge",
+    b"$changeStream",
+    b"$changeStreamSplitLargeEvent",
+];
+
+/// Whether any key of `doc`, at any depth, is one of `stages` (or `doc`
+/// cannot be gone through: then it is not repeated either).
+fn names_a_stage(doc: &[u8], stages: &[&[u8]], depth: usize) -> bool {
+    let Ok(depth) = descend(depth) else {
+        return true;
+    };
+    elements(doc).any(|e| match e {
+        Err(_) => true,
+        Ok(e) => {
+            stages.contains(&e.key)
+                || (matches!(e.kind, 0x03 | 0x04) && names_a_stage(e.value, stages, depth))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writing and streaming stages are found wherever they are, and only
+    /// as keys: a string that spells one is a value.
+    #[test]
+    fn pipelines_that_write_or_stream_are_found() {
+        let found = |pipeline: bson::Document| {
+            let raw = bson::RawDocumentBuf::from_document(&pipeline).unwrap();
+            names_a_stage(raw.as_bytes(), NOT_READS, 0)
+        };
+        assert!(found(
+            bson::doc! {"0": {"$match": {"a": 1}}, "1": {"$out": "report"}}
+        ));
+        assert!(found(bson::doc! {"0": {"$merge": {"into": "report"}}}));
+        assert!(found(bson::doc! {"0": {"$changeStream": {}}}));
+        assert!(found(
+            bson::doc! {"0": {"$facet": {"x": [{"$changeStreamSplitLargeEvent": {}}]}}}
+        ));
+        assert!(!found(
+            bson::doc! {"0": {"$match": {"note": "$out"}}, "1": {"$project": {"merge": "$merge"}}}
+        ));
+        assert!(!found(bson::doc! {}));
     }
 }

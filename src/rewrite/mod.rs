@@ -26,7 +26,9 @@ use shard_key::{ReplyNeeds, ShardKeys};
 
 pub use hello::{is_hello, MAX_WIRE_VERSION};
 pub use reply::{reply, Replied};
-pub use request::{admit, inserted_bytes, request, token_databases, written_namespaces};
+pub use request::{
+    admit, inserted_bytes, request, token_databases, whole_affordable, written_namespaces,
+};
 
 pub use walker::MAX_DEPTH;
 

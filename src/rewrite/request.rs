@@ -257,11 +257,7 @@ fn rewrite_tokens(
         Some(Err(GiveUp::Refused(e))) => return Err(e),
         Some(Err(GiveUp::Uncommon)) | None => {
             *misses.borrow_mut() = Misses::default();
-            let parts: Vec<&[u8]> = std::iter::once(m.body().as_bytes())
-                .chain(m.sequences().flat_map(|s| s.documents()))
-                .collect();
-            let parts = parts.iter().copied();
-            affordable(|| format!("this {}", shape.name), parts, may_hold)?;
+            whole_affordable(m, || format!("this {}", shape.name), may_hold)?;
             owned(m, settings, &mut rules, shape, dbs, &misses, one)?
         }
     };
@@ -380,6 +376,19 @@ where
         needs,
         allowed: may_hold,
     })
+}
+
+/// [`affordable`] for the whole of `m`: its body and its sequences'
+/// documents.
+pub fn whole_affordable(
+    m: &OpMsg,
+    what: impl FnOnce() -> String,
+    may_hold: usize,
+) -> Result<(), ProxyError> {
+    let parts: Vec<&[u8]> = std::iter::once(m.body().as_bytes())
+        .chain(m.sequences().flat_map(|s| s.documents()))
+        .collect();
+    affordable(what, parts.iter().copied(), may_hold)
 }
 
 /// Whether a command may take the raw splice: one tokenized collection not

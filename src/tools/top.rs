@@ -351,7 +351,7 @@ mod tests {
     fn reads_what_the_proxy_writes() {
         let m = Metrics::default();
         m.connection_opened();
-        let before = Scrape::parse(&m.render(&[]));
+        let before = Scrape::parse(&m.render(&[], 0));
         for _ in 0..98 {
             m.request("find", Duration::from_micros(400));
         }
@@ -363,13 +363,16 @@ mod tests {
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
         m.store_lookup(true);
-        let after = Scrape::parse(&m.render(&[crate::token::store::Status {
-            scope: "app".into(),
-            state: "ready",
-            names: 12,
-            values: 0,
-            error: None,
-        }]));
+        let after = Scrape::parse(&m.render(
+            &[crate::token::store::Status {
+                scope: "app".into(),
+                state: "ready",
+                names: 12,
+                values: 0,
+                error: None,
+            }],
+            0,
+        ));
         assert_eq!(after.sum("laconic_requests_total", &[]), 101.0);
         assert_eq!(
             after.sum("laconic_requests_total", &[("command", "find")]),
@@ -409,7 +412,7 @@ mod tests {
     fn metrics_switched_off() {
         let v = view(
             &Scrape::default(),
-            &Scrape::parse(&Metrics::new(false).render(&[])),
+            &Scrape::parse(&Metrics::new(false).render(&[], 0)),
             0.0,
         );
         assert!(v.starts_with("(no request metrics"), "{v}");

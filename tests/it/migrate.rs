@@ -271,6 +271,35 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
         .await
         .unwrap();
     }
+    // An update whose owned parse would hold more than a runtime thread
+    // may (an array of 40,000 values): it is rewritten, and its conversion
+    // ahead read, as heavy work, and the document it matches, stored with
+    // full names, is brought to one form first.
+    events
+        .insert_one(doc! {"_id": -1, "customer_name": "customer -1", "amount": 5, "custom": {"Loyalty Tier": 1}})
+        .await
+        .unwrap();
+    let notes: Vec<i32> = (0..40_000).collect();
+    let r = via
+        .update_one(
+            doc! {"customer_name": "customer -1"},
+            doc! {"$set": {"custom.Notes": notes.clone()}, "$inc": {"amount": 1}},
+        )
+        .await
+        .unwrap();
+    assert_eq!((r.matched_count, r.modified_count), (1, 1));
+    assert_eq!(
+        via.find_one(doc! {"_id": -1}).await.unwrap().unwrap(),
+        doc! {"_id": -1, "customer_name": "customer -1", "amount": 6, "custom": {"Loyalty Tier": 1, "Notes": notes}}
+    );
+    let stored = raw(-1).await;
+    assert!(
+        !stored.contains_key("customer_name") && !stored.contains_key("amount"),
+        "stored in one form, tokenized: {:?}",
+        stored.keys().collect::<Vec<_>>()
+    );
+    via.delete_one(doc! {"_id": -1}).await.unwrap();
+
     // An upsert seeds its new document from the filter, as without the proxy.
     let r = via
         .update_one(

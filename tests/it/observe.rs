@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bson::{doc, Document};
+use futures::TryStreamExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::{self, db_name};
@@ -192,6 +193,7 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
         uri: format!("{}?directConnection=true", shadow_upstream.uri),
         sample: 1.0,
     });
+    config.max_work_bytes = laconic::config::MIN_WORK_BYTES;
     let proxy = common::start(config).await;
     let addr = proxy.metrics_addr.unwrap();
     // The same database name on both deployments: tokenized behind the
@@ -208,6 +210,15 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
     let twin = shadow_client.database(&db).collection::<Document>("people");
     via.drop().await.unwrap();
     twin.drop().await.unwrap();
+    for c in [&shadow_client, &common::direct().await] {
+        for name in ["report", "merged"] {
+            c.database(&db)
+                .collection::<Document>(name)
+                .drop()
+                .await
+                .unwrap();
+        }
+    }
     let docs: Vec<Document> = (0..5)
         .map(|i| doc! {"_id": i, "first_name": format!("name {i}"), "score_value": i * 10})
         .collect();
@@ -267,6 +278,83 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(differences(&m), 1.0, "{m}");
+
+    // Pipelines that write are not repeated on the shadow deployment: its
+    // data stays as it was.
+    let aggregates = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| {
+                l.starts_with("laconic_shadow_reads_total{command=\"aggregate\"")
+                    && l.contains("outcome=\"compared\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = aggregates(&m);
+    for stage in [doc! {"$out": "report"}, doc! {"$merge": {"into": "merged"}}] {
+        via.aggregate(vec![doc! {"$match": {}}, stage])
+            .await
+            .unwrap();
+    }
+    // A read after them is compared: by then, they would have been too.
+    via.aggregate(vec![doc! {"$match": {"_id": 1}}])
+        .await
+        .unwrap();
+    for _ in 0..40 {
+        m = get(addr, "/metrics").await.1;
+        if aggregates(&m) > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(aggregates(&m), before + 1.0, "{m}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let written = |c: &mongodb::Client| {
+        let db = c.database(&db);
+        async move {
+            let names = db.list_collection_names().await.unwrap();
+            ["report", "merged"].map(|n| names.iter().any(|c| c == n))
+        }
+    };
+    assert_eq!(written(&shadow_client).await, [false, false]);
+    assert_eq!(written(&common::direct().await).await, [true, true]);
+
+    // A read whose comparison the heavy-work budget (16 MiB here) has no
+    // room for is answered, and not compared.
+    let big: Vec<Document> = (100..2100)
+        .map(|i| doc! {"_id": i, "first_name": "big", "score_value": (0..20).collect::<Vec<i32>>()})
+        .collect();
+    via.insert_many(big.clone()).await.unwrap();
+    twin.insert_many(big).await.unwrap();
+    let read: Vec<Document> = via
+        .find(doc! {"first_name": "big"})
+        .batch_size(3000)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 2000);
+    let skipped = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| {
+                l.starts_with("laconic_shadow_reads_total{command=\"find\"")
+                    && l.contains("outcome=\"skipped\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    m = get(addr, "/metrics").await.1;
+    assert_eq!(skipped(&m), 1.0, "{m}");
+    // Every comparison's share of the budget is given back.
+    for _ in 0..40 {
+        m = get(addr, "/metrics").await.1;
+        if m.lines().any(|l| l == "laconic_heavy_work_bytes 0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(m.lines().any(|l| l == "laconic_heavy_work_bytes 0"), "{m}");
 }
 
 /// A proxy whose own connection (the name store's) cannot authenticate:
