@@ -38,6 +38,9 @@ pub struct ProxyContext {
     /// The threads and the memory budget for heavy work: decompressing
     /// and rewriting huge messages (see [`crate::exchange`]).
     pub heavy: HeavyWork,
+    /// The memory budget for messages being read from drivers (see
+    /// [`crate::wire::FrameReader`]).
+    pub reading: crate::budget::Budget,
     next_session: AtomicU64,
 }
 
@@ -84,6 +87,7 @@ impl ProxyContext {
             cursors: CursorTable::new(config.max_held_bytes),
             tls,
             heavy: HeavyWork::new(config.max_work_bytes, HeavyWork::threads())?,
+            reading: crate::budget::Budget::new(config.max_read_bytes),
             config,
             requires_auth: RequiresAuth::default(),
             metrics: Arc::new(Metrics::new(metrics)),

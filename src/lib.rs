@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
+pub mod budget;
 pub mod capture;
 pub mod config;
 pub mod context;

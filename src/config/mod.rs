@@ -183,6 +183,10 @@ pub struct ProxyConfig {
     /// decompression and rewrite of messages over 1 MiB, and rewrites that
     /// parse a command into documents (README, "Huge commands").
     pub max_work_bytes: usize,
+    /// Bytes of messages being read from drivers, all connections
+    /// together, counting each message over 64 KiB from its header on
+    /// (README, "Huge commands").
+    pub max_read_bytes: usize,
     /// Compressors offered to drivers, in order of preference.
     pub client_compressors: Vec<String>,
     /// Compressors offered to the upstream (empty: the upstream leg is uncompressed).
@@ -303,12 +307,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// The default of `max_work_bytes`: two of the largest messages rewritten
-/// raw at once, each holding up to 8 times its size.
+/// The default of `max_work_bytes` and `max_read_bytes`: 16 of the
+/// largest messages (two rewritten raw at once, each holding up to 8
+/// times its size).
 pub const DEFAULT_MAX_WORK_BYTES: usize = 16 * MAX_MESSAGE_SIZE;
 
-/// The least `max_work_bytes`: what one rewrite on a runtime thread may
-/// hold before it is moved to the heavy work.
+/// The least `max_work_bytes` (what one rewrite on a runtime thread may
+/// hold before it is moved to the heavy work), and `max_read_bytes`.
 pub const MIN_WORK_BYTES: usize = 16 << 20;
 
 impl Default for ProxyConfig {
@@ -325,6 +330,7 @@ impl Default for ProxyConfig {
             max_message_size: MAX_MESSAGE_SIZE,
             max_held_bytes: 256 << 20,
             max_work_bytes: DEFAULT_MAX_WORK_BYTES,
+            max_read_bytes: DEFAULT_MAX_WORK_BYTES,
             client_compressors: Compressor::SUPPORTED
                 .iter()
                 .map(|c| c.name().to_owned())
@@ -433,12 +439,17 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        if p.max_work_bytes < MIN_WORK_BYTES {
-            return Err(invalid(
-                "proxy.max_work_bytes",
-                p.max_work_bytes.to_string(),
-                "must be at least 16777216 (16 MiB)",
-            ));
+        for (key, bytes) in [
+            ("proxy.max_work_bytes", p.max_work_bytes),
+            ("proxy.max_read_bytes", p.max_read_bytes),
+        ] {
+            if bytes < MIN_WORK_BYTES {
+                return Err(invalid(
+                    key,
+                    bytes.to_string(),
+                    "must be at least 16777216 (16 MiB)",
+                ));
+            }
         }
         if !(1024..=MAX_MESSAGE_SIZE).contains(&p.max_message_size) {
             return Err(invalid(

@@ -63,7 +63,13 @@ async fn answer(mut stream: TcpStream, ctx: &ProxyContext) -> std::io::Result<()
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4",
-            ctx.metrics.render(&dictionaries(ctx), ctx.heavy.held()),
+            ctx.metrics.render(
+                &dictionaries(ctx),
+                crate::observe::Held {
+                    work: ctx.heavy.budget().held(),
+                    read: ctx.reading.held(),
+                },
+            ),
         ),
         ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
         ("GET", "/readyz") => match ready(ctx).await {

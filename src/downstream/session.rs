@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::tls::Stream;
-use futures::StreamExt;
 use tokio_util::codec::Framed;
 use tracing::{debug, info, warn};
 
@@ -28,14 +27,17 @@ use crate::exchange::{Exchange, SessionState, Step};
 use crate::observe::{escaped, Leg as MetricLeg, Way};
 use crate::shutdown::Shutdown;
 use crate::upstream::Leg;
-use crate::wire::{self, CodecError, Frame, Message, MessageCodec, MsgFlags, OpMsg};
+use crate::wire::{self, CodecError, Frame, FrameReader, Message, MessageCodec, MsgFlags, OpMsg};
 
 type DownstreamConn = Framed<Stream, MessageCodec>;
 
 pub struct Session {
     id: u64,
     peer: SocketAddr,
+    /// The driver's connection: replies are written through it, and
+    /// requests read from it by `reader`.
     downstream: DownstreamConn,
+    reader: FrameReader,
     upstream: Leg,
     state: SessionState,
     ctx: Arc<ProxyContext>,
@@ -68,7 +70,13 @@ impl Session {
         Session {
             id,
             peer,
-            downstream: Framed::new(stream, MessageCodec::new(ctx.config.max_message_size)),
+            // Its own read buffer is never used: no room for it.
+            downstream: Framed::with_capacity(
+                stream,
+                MessageCodec::new(ctx.config.max_message_size),
+                0,
+            ),
+            reader: FrameReader::new(ctx.config.max_message_size),
             upstream: Leg::new(
                 ctx.upstream.clone(),
                 ctx.config.connect_timeout(),
@@ -196,12 +204,15 @@ impl Session {
         if let Some(frame) = self.pipelined.take() {
             return Ok(Some(frame));
         }
-        // `FramedRead::next` is cancellation safe: a partly read frame stays
-        // in the codec's buffer, and the session ends anyway if shutdown wins.
+        // `FrameReader::next` is cancellation safe: a partly read frame
+        // stays in its buffer, and the session ends anyway if shutdown wins.
         let next = async {
+            let next = self
+                .reader
+                .next(self.downstream.get_mut(), &self.ctx.reading);
             if first {
                 let limit = self.ctx.config.handshake_timeout();
-                match tokio::time::timeout(limit, self.downstream.next()).await {
+                match tokio::time::timeout(limit, next).await {
                     Ok(r) => r,
                     Err(_) => Some(Err(CodecError::Io(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -209,7 +220,7 @@ impl Session {
                     )))),
                 }
             } else {
-                self.downstream.next().await
+                next.await
             }
         };
         let next = tokio::select! {
@@ -240,7 +251,7 @@ impl Session {
             tokio::select! {
                 biased;
                 _ = self.shutdown.triggered() => return Ok(None),
-                from_driver = self.downstream.next() => match from_driver {
+                from_driver = self.reader.next(self.downstream.get_mut(), &self.ctx.reading) => match from_driver {
                     None => return Ok(None),
                     Some(Err(e)) => return Err(downstream_error(e)),
                     Some(Ok(request)) => {

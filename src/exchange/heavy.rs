@@ -14,18 +14,18 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{mpsc, Arc};
 
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 
+use crate::budget::Budget;
 use crate::error::ProxyError;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The threads and the budget: KiB of memory all heavy work together may
+/// The threads and the budget of the memory all heavy work together may
 /// hold.
 #[derive(Clone, Debug)]
 pub struct HeavyWork {
-    budget: Arc<Semaphore>,
-    most_kib: usize,
+    budget: Budget,
     jobs: mpsc::Sender<Job>,
 }
 
@@ -58,10 +58,8 @@ impl HeavyWork {
                     let _ = catch_unwind(AssertUnwindSafe(job));
                 })?;
         }
-        let most_kib = max_bytes.div_ceil(1024);
         Ok(HeavyWork {
-            budget: Arc::new(Semaphore::new(most_kib)),
-            most_kib,
+            budget: Budget::new(max_bytes),
             jobs,
         })
     }
@@ -76,10 +74,7 @@ impl HeavyWork {
         bytes: usize,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ProxyError> {
-        let share = Arc::clone(&self.budget)
-            .acquire_many_owned(self.kib(bytes))
-            .await
-            .map_err(|e| ProxyError::Internal(e.to_string()))?;
+        let share = self.budget.share(bytes).await;
         self.run_held(move || {
             let out = work();
             drop(share);
@@ -88,20 +83,8 @@ impl HeavyWork {
         .await
     }
 
-    /// A share of `bytes` if the budget has it now, for work that is
-    /// better not done than waited for (a shadow-mode sample): it is held
-    /// until the [`Share`] is dropped. None larger than the whole budget.
-    pub fn try_share(&self, bytes: usize) -> Option<Share> {
-        if bytes.div_ceil(1024) > self.most_kib {
-            return None;
-        }
-        Arc::clone(&self.budget)
-            .try_acquire_many_owned(self.kib(bytes))
-            .ok()
-            .map(|held| Share { _held: held })
-    }
-
-    /// `work` on a heavy-work thread, within a share its caller holds.
+    /// `work` on a heavy-work thread, within a share its caller holds
+    /// ([`HeavyWork::budget`]).
     pub async fn run_held<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> T + Send + 'static,
@@ -118,21 +101,11 @@ impl HeavyWork {
             .map_err(|_| ProxyError::Internal("heavy work failed".into()))
     }
 
-    /// Bytes held by heavy work now.
-    pub fn held(&self) -> usize {
-        (self.most_kib - self.budget.available_permits().min(self.most_kib)) * 1024
+    /// The budget: for work that takes its share itself, and for what is
+    /// held now.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
-
-    /// A share of `bytes` in KiB: the whole budget at most.
-    fn kib(&self, bytes: usize) -> u32 {
-        u32::try_from(bytes.div_ceil(1024).min(self.most_kib)).unwrap_or(u32::MAX)
-    }
-}
-
-/// Part of the heavy-work budget, held until dropped.
-#[derive(Debug)]
-pub struct Share {
-    _held: OwnedSemaphorePermit,
 }
 
 #[cfg(test)]
@@ -177,14 +150,11 @@ mod tests {
         }
         assert_eq!(heavy.run(1, || 2).await.unwrap(), 2);
 
-        // Shares taken now or never, and given back when dropped.
-        let three = heavy.try_share(3072).expect("room for 3 KiB of 4");
-        assert_eq!(heavy.held(), 3072);
-        assert!(heavy.try_share(2048).is_none());
+        // Work within a share its caller holds.
+        let share = heavy.budget().try_share(3072).unwrap();
         assert_eq!(heavy.run_held(|| 3).await.unwrap(), 3);
-        drop(three);
-        assert_eq!(heavy.held(), 0);
-        assert!(heavy.try_share(4097).is_none(), "more than the budget");
-        assert!(heavy.try_share(4096).is_some());
+        assert_eq!(heavy.budget().held(), 3072);
+        drop(share);
+        assert_eq!(heavy.budget().held(), 0);
     }
 }

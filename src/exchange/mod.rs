@@ -389,7 +389,7 @@ fn compare(ctx: &ProxyContext, shadow: &Arc<Shadow>, command: &str, request: Fra
     };
     let needs = rewrite::mapper::holds(q.body().as_bytes())
         .saturating_add(rewrite::mapper::holds(a.body().as_bytes()).saturating_mul(2));
-    let Some(share) = ctx.heavy.try_share(needs) else {
+    let Some(share) = ctx.heavy.budget().try_share(needs) else {
         ctx.metrics.shadow(command, Shadowed::Skipped);
         return;
     };

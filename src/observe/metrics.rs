@@ -67,6 +67,15 @@ pub enum Way {
     Out,
 }
 
+/// What the memory budgets hold now, in bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Held {
+    /// Heavy work (`proxy.max_work_bytes`).
+    pub work: usize,
+    /// Messages being read from drivers (`proxy.max_read_bytes`).
+    pub read: usize,
+}
+
 /// What came of a read sampled for shadow mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shadowed {
@@ -262,14 +271,14 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition, with the dictionaries' states and
-    /// the bytes heavy work holds now.
-    pub fn render(&self, dictionaries: &[Status], heavy_work_bytes: usize) -> String {
+    /// what the memory budgets hold now.
+    pub fn render(&self, dictionaries: &[Status], held: Held) -> String {
         let mut out = String::new();
         if self.off {
             out.push_str("# metrics collection is off (proxy.metrics = false)\n");
             return out;
         }
-        self.render_connections(&mut out, heavy_work_bytes);
+        self.render_connections(&mut out, held);
         self.render_requests(&mut out);
         self.render_bytes(&mut out);
         self.render_store(&mut out, dictionaries);
@@ -277,7 +286,7 @@ impl Metrics {
         out
     }
 
-    fn render_connections(&self, out: &mut String, heavy_work_bytes: usize) {
+    fn render_connections(&self, out: &mut String, held: Held) {
         for (name, kind, help, v) in [
             (
                 "laconic_connections_open",
@@ -307,7 +316,13 @@ impl Metrics {
                 "laconic_heavy_work_bytes",
                 "gauge",
                 "Bytes of the heavy-work budget held now: large rewrites, decompression, shadow comparisons (bounded by proxy.max_work_bytes).",
-                i64::try_from(heavy_work_bytes).unwrap_or(i64::MAX),
+                i64::try_from(held.work).unwrap_or(i64::MAX),
+            ),
+            (
+                "laconic_read_bytes",
+                "gauge",
+                "Bytes of the budget for messages being read held now: messages over 64 KiB (bounded by proxy.max_read_bytes).",
+                i64::try_from(held.read).unwrap_or(i64::MAX),
             ),
         ] {
             family(out, name, kind, help);
@@ -580,7 +595,7 @@ mod tests {
         assert_eq!(m.connections_total.load(Relaxed), 0);
         assert_eq!(m.bytes[0].load(Relaxed), 0);
         assert_eq!(
-            m.render(&[status("app", 12)], 0),
+            m.render(&[status("app", 12)], Held::default()),
             "# metrics collection is off (proxy.metrics = false)\n"
         );
         assert!(Metrics::new(true).enabled());
@@ -596,7 +611,7 @@ mod tests {
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
-        let text = m.render(&[status("app", 12)], 0);
+        let text = m.render(&[status("app", 12)], Held::default());
         for line in [
             "laconic_connections_open 1",
             "laconic_requests_total{command=\"insert\"} 3",
@@ -627,7 +642,7 @@ mod tests {
             m.request(&format!("cmd{i}\nINFO forged"), Duration::from_micros(5));
             m.documents(&format!("db{i}.c"), "write", 10, 5);
         }
-        let text = m.render(&[], 0);
+        let text = m.render(&[], Held::default());
         assert!(text.len() < 20_000, "{} bytes", text.len());
         assert!(text.contains("laconic_requests_total{command=\"other\"} 20000"));
         assert!(text.contains("laconic_metrics_folded_total 19990"));

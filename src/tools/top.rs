@@ -213,6 +213,13 @@ pub fn view(before: &Scrape, after: &Scrape, secs: f64) -> String {
         leg("upstream", "in"),
         leg("upstream", "out"),
     );
+    let _ = writeln!(
+        out,
+        "held         cursors {}, heavy work {}, reading {}",
+        bytes(after.sum("laconic_cursor_held_bytes", &[])),
+        bytes(after.sum("laconic_heavy_work_bytes", &[])),
+        bytes(after.sum("laconic_read_bytes", &[])),
+    );
     let logical = rate("laconic_document_bytes_total", &[("form", "logical")]);
     let physical = rate("laconic_document_bytes_total", &[("form", "physical")]);
     if logical > 0.0 {
@@ -351,7 +358,7 @@ mod tests {
     fn reads_what_the_proxy_writes() {
         let m = Metrics::default();
         m.connection_opened();
-        let before = Scrape::parse(&m.render(&[], 0));
+        let before = Scrape::parse(&m.render(&[], Default::default()));
         for _ in 0..98 {
             m.request("find", Duration::from_micros(400));
         }
@@ -371,7 +378,10 @@ mod tests {
                 values: 0,
                 error: None,
             }],
-            0,
+            crate::observe::Held {
+                work: 2_000_000,
+                read: 70_000,
+            },
         ));
         assert_eq!(after.sum("laconic_requests_total", &[]), 101.0);
         assert_eq!(
@@ -382,6 +392,7 @@ mod tests {
         for line in [
             "connections  1 open, 0.0/s new, 0.0/s refused",
             "requests     50.5/s, errors 0.5/s",
+            "held         cursors 0 B, heavy work 2.0 MB, reading 70.0 kB",
             "documents    500 B logical, 300 B stored: 40.0% saved",
             "name store   12 names, 0.5/s hits, 0.0/s misses, 0.0/s round trips",
             "  errors      CommandNotSupported: 0.5/s",
@@ -412,7 +423,7 @@ mod tests {
     fn metrics_switched_off() {
         let v = view(
             &Scrape::default(),
-            &Scrape::parse(&Metrics::new(false).render(&[], 0)),
+            &Scrape::parse(&Metrics::new(false).render(&[], Default::default())),
             0.0,
         );
         assert!(v.starts_with("(no request metrics"), "{v}");

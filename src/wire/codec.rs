@@ -1,11 +1,12 @@
 //! The thin tokio-util shell around the sans-IO codec.
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::SinkExt;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::{Decoder, Encoder, Framed};
 
 use super::{Frame, Header, WireError, HEADER_LEN};
+use crate::budget::{Budget, Share};
 
 /// Frames a byte stream into [`Frame`]s, checking the declared length before
 /// buffering a message.
@@ -34,10 +35,9 @@ impl Decoder for MessageCodec {
     type Error = CodecError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, CodecError> {
-        if src.len() < 4 {
+        let Some(declared) = declared(src) else {
             return Ok(None);
-        }
-        let declared = i32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+        };
         let len = Header::check_length(declared, self.max_message_size)?;
         if src.len() < len {
             // Reserve for the rest of this message only; the length is bounded above.
@@ -115,4 +115,158 @@ pub async fn send<S: AsyncWrite + Unpin>(
     io.write_all(&bytes).await?;
     io.flush().await?;
     Ok(())
+}
+
+/// A message larger than this is read within a share of the budget for
+/// messages being read (`proxy.max_read_bytes`), taken once its header
+/// says how large it is: until the budget has room for it, nothing more
+/// of it is read (the driver's writes wait in the socket's buffers).
+pub const UNSHARED_MESSAGE: usize = 64 << 10;
+
+/// What is read at once, at most, while no message's length is known yet.
+const READ_CHUNK: usize = 8 << 10;
+
+/// Reads requests from a driver: the bytes of the message being read, and
+/// its share of the read budget. Only the rest of that message is read
+/// once its length is known, so nothing after it is buffered outside it.
+#[derive(Debug)]
+pub struct FrameReader {
+    codec: MessageCodec,
+    buf: BytesMut,
+    held: Option<Share>,
+}
+
+impl FrameReader {
+    pub fn new(max_message_size: usize) -> FrameReader {
+        FrameReader {
+            codec: MessageCodec::new(max_message_size),
+            buf: BytesMut::new(),
+            held: None,
+        }
+    }
+
+    /// The next message from `io`, `None` at the end of the stream.
+    /// Cancellation safe: what was read stays buffered here, and so does
+    /// the share taken for it.
+    pub async fn next<R: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut R,
+        budget: &Budget,
+    ) -> Option<Result<Frame, CodecError>> {
+        loop {
+            let declared = match declared(&self.buf) {
+                None => None,
+                Some(len) => match Header::check_length(len, self.codec.max_message_size) {
+                    Ok(len) => Some(len),
+                    Err(e) => return Some(Err(e.into())),
+                },
+            };
+            let room = match declared {
+                Some(len) if self.buf.len() >= len => {
+                    // Whole: its share is given back as it leaves.
+                    self.held = None;
+                    return self.codec.decode(&mut self.buf).transpose();
+                }
+                Some(len) => {
+                    // Room for the rest of it, within a share if it is large.
+                    if len > UNSHARED_MESSAGE && self.held.is_none() {
+                        self.held = Some(budget.share(len).await);
+                    }
+                    len - self.buf.len()
+                }
+                None => {
+                    // What is left of the last chunk, or a new one.
+                    if self.buf.capacity() == self.buf.len() {
+                        self.buf.reserve(READ_CHUNK);
+                    }
+                    self.buf.capacity() - self.buf.len()
+                }
+            };
+            self.buf.reserve(room);
+            match io.read_buf(&mut (&mut self.buf).limit(room)).await {
+                Ok(0) => return self.codec.decode_eof(&mut self.buf).transpose(),
+                Ok(_) => {}
+                Err(e) => return Some(Err(e.into())),
+            }
+        }
+    }
+}
+
+/// The length a buffered message declares, once its first 4 bytes are in.
+fn declared(buf: &[u8]) -> Option<i32> {
+    Some(i32::from_le_bytes(buf.get(..4)?.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bson::doc;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+    use crate::wire::{Message, MsgFlags, OpMsg, MAX_MESSAGE_SIZE};
+
+    /// The bytes of a `ping` carrying a string of `pad` bytes.
+    fn message(pad: usize) -> Vec<u8> {
+        let body = bson::RawDocumentBuf::from_document(
+            &doc! {"ping": 1, "pad": "x".repeat(pad), "$db": "admin"},
+        )
+        .unwrap();
+        let frame = Frame::new(
+            1,
+            0,
+            Message::Msg(OpMsg::from_body(MsgFlags::default(), &body)),
+        );
+        frame.into_bytes().to_vec()
+    }
+
+    /// A large message is read within a share of the budget, and only once
+    /// the budget has room for it; a small one needs none; nothing past a
+    /// message is read with it; a read dropped halfway loses nothing.
+    #[tokio::test]
+    async fn large_messages_are_read_within_the_budget() {
+        let budget = Budget::new(1 << 20);
+        let (big, small) = (message(600 << 10), message(100));
+        let (mut a, mut a_io) = (
+            FrameReader::new(MAX_MESSAGE_SIZE),
+            tokio::io::duplex(1 << 20),
+        );
+        let (mut b, mut b_io) = (
+            FrameReader::new(MAX_MESSAGE_SIZE),
+            tokio::io::duplex(1 << 20),
+        );
+
+        // A's message, all but its last byte, then a small one after it.
+        a_io.0.write_all(&big[..big.len() - 1]).await.unwrap();
+        let read = tokio::time::timeout(Duration::from_millis(50), a.next(&mut a_io.1, &budget));
+        assert!(read.await.is_err(), "a message not yet whole");
+        assert_eq!(a.buf.len(), big.len() - 1, "read while it waited");
+        assert_eq!(budget.held(), big.len().div_ceil(1024) * 1024);
+
+        // B's message, as large: the budget has no room for it yet, so no
+        // more of it than its first chunk is read.
+        b_io.0.write_all(&big).await.unwrap();
+        let read = tokio::time::timeout(Duration::from_millis(50), b.next(&mut b_io.1, &budget));
+        assert!(read.await.is_err(), "waits for room");
+        assert!(b.buf.len() <= READ_CHUNK, "{} bytes buffered", b.buf.len());
+
+        // A's message ends: its share is given back, and B's is read.
+        let mut rest = big[big.len() - 1..].to_vec();
+        rest.extend_from_slice(&small);
+        a_io.0.write_all(&rest).await.unwrap();
+        let frame = a.next(&mut a_io.1, &budget).await.unwrap().unwrap();
+        assert_eq!(frame.into_bytes().len(), big.len());
+        assert!(a.buf.is_empty(), "nothing past the message was read");
+        assert_eq!(budget.held(), 0);
+        let frame = b.next(&mut b_io.1, &budget).await.unwrap().unwrap();
+        assert_eq!(frame.into_bytes().len(), big.len());
+
+        // The small one needs no share; then the end of the stream.
+        let frame = a.next(&mut a_io.1, &budget).await.unwrap().unwrap();
+        assert_eq!(frame.into_bytes().to_vec(), small);
+        drop(a_io.0);
+        assert!(a.next(&mut a_io.1, &budget).await.is_none());
+        assert_eq!(budget.held(), 0);
+    }
 }

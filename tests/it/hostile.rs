@@ -853,3 +853,67 @@ async fn owned_rewrites_stay_within_the_work_budget() {
     child.kill().unwrap();
     let _ = child.wait();
 }
+
+/// Messages being read from drivers are held within `max_read_bytes`:
+/// eight connections each send the first 20 MB of a message declaring 40
+/// MB, and stop. Only the first is read past its first chunk (its share is
+/// the whole budget of 16 MiB), while a driver's small commands are served;
+/// once it closes, the next is read. Before the budget, the proxy read all
+/// eight, holding 160 MB for messages that never end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_being_read_stay_within_the_read_budget() {
+    const PART: usize = 20_000_000;
+    let config = common::temp_dir("read-budget").join("laconic.toml");
+    std::fs::write(&config, "[proxy]\nmax_read_bytes = 16777216\n").unwrap();
+    let (mut child, addr) = common::serve_process(&["--config", config.to_str().unwrap()]);
+    let pid = child.id();
+    let client = mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
+        .await
+        .unwrap();
+    let c = client
+        .database(&db_name("readbudget", "app"))
+        .collection::<Document>("c");
+    c.drop().await.unwrap();
+    let before = rss_of(pid);
+
+    let mut part = 40_000_000i32.to_le_bytes().to_vec();
+    part.resize(PART, 0);
+    let part = std::sync::Arc::new(part);
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        write_frame(&mut s, &op_msg(1, 0, doc! {"hello": 1, "$db": "admin"})).await;
+        read_frame(&mut s).await.expect("a hello reply");
+        let part = part.clone();
+        // The write blocks once the socket's buffers are full: the proxy
+        // reads no more of a message the budget has no room for.
+        stalled.push(tokio::spawn(async move {
+            let _ = s.write_all(&part).await;
+            std::future::pending::<()>().await;
+        }));
+    }
+    // Meanwhile, small commands are served.
+    for i in 0..20 {
+        c.insert_one(doc! {"_id": i}).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = rss_of(pid);
+    eprintln!("RSS {before} KiB before, {held} KiB with eight messages of 40 MB begun");
+    // The one message read, and room for the rest of the process.
+    assert!(
+        (held - before) << 10 < (PART + (16 << 20)) as u64,
+        "the RSS rose by {} KiB",
+        held - before
+    );
+    // They close; a message of 20 MB is read and answered.
+    for s in stalled {
+        s.abort();
+    }
+    let big: Vec<Document> = (0..20)
+        .map(|i| doc! {"_id": 100 + i, "pad": "x".repeat(1_000_000)})
+        .collect();
+    c.insert_many(big).await.unwrap();
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 40);
+    child.kill().unwrap();
+    let _ = child.wait();
+}
