@@ -182,6 +182,24 @@ async fn readiness_follows_the_upstream_down_and_back() {
     assert!(up, "/readyz did not recover");
 }
 
+/// The sum of `laconic_shadow_reads_total` for `outcome`, of `command`
+/// (of every command if it is empty).
+fn shadowed(metrics: &str, command: &str, outcome: &str) -> f64 {
+    let (command, outcome) = (
+        format!("command=\"{command}"),
+        format!("outcome=\"{outcome}\""),
+    );
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("laconic_shadow_reads_total{")
+                && l.contains(&command)
+                && l.contains(&outcome)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
     let shadow_upstream = common::second_upstream();
@@ -225,22 +243,6 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
     via.insert_many(docs.clone()).await.unwrap();
     twin.insert_many(docs).await.unwrap();
 
-    let differences = |m: &str| -> f64 {
-        m.lines()
-            .filter(|l| {
-                l.starts_with("laconic_shadow_reads_total") && l.contains("outcome=\"different\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let compared = |m: &str| -> f64 {
-        m.lines()
-            .filter(|l| {
-                l.starts_with("laconic_shadow_reads_total") && l.contains("outcome=\"compared\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
     // Identical data: reads compare equal.
     for i in 0..5 {
         via.find_one(doc! {"first_name": format!("name {i}")})
@@ -257,13 +259,13 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
     let mut m = String::new();
     for _ in 0..40 {
         m = get(addr, "/metrics").await.1;
-        if compared(&m) >= 6.0 {
+        if shadowed(&m, "", "compared") >= 6.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(compared(&m) >= 6.0, "{m}");
-    assert_eq!(differences(&m), 0.0, "{m}");
+    assert!(shadowed(&m, "", "compared") >= 6.0, "{m}");
+    assert_eq!(shadowed(&m, "", "different"), 0.0, "{m}");
 
     // One document corrupted in the shadow: the next read of it differs.
     twin.update_one(doc! {"_id": 3}, doc! {"$set": {"score_value": -1}})
@@ -272,25 +274,16 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
     via.find_one(doc! {"_id": 3}).await.unwrap().unwrap();
     for _ in 0..40 {
         m = get(addr, "/metrics").await.1;
-        if differences(&m) >= 1.0 {
+        if shadowed(&m, "", "different") >= 1.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(differences(&m), 1.0, "{m}");
+    assert_eq!(shadowed(&m, "", "different"), 1.0, "{m}");
 
     // Pipelines that write are not repeated on the shadow deployment: its
     // data stays as it was.
-    let aggregates = |m: &str| -> f64 {
-        m.lines()
-            .filter(|l| {
-                l.starts_with("laconic_shadow_reads_total{command=\"aggregate\"")
-                    && l.contains("outcome=\"compared\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let before = aggregates(&m);
+    let before = shadowed(&m, "aggregate", "compared");
     for stage in [doc! {"$out": "report"}, doc! {"$merge": {"into": "merged"}}] {
         via.aggregate(vec![doc! {"$match": {}}, stage])
             .await
@@ -302,12 +295,12 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
         .unwrap();
     for _ in 0..40 {
         m = get(addr, "/metrics").await.1;
-        if aggregates(&m) > before {
+        if shadowed(&m, "aggregate", "compared") > before {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(aggregates(&m), before + 1.0, "{m}");
+    assert_eq!(shadowed(&m, "aggregate", "compared"), before + 1.0, "{m}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let written = |c: &mongodb::Client| {
         let db = c.database(&db);
@@ -335,17 +328,8 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
         .await
         .unwrap();
     assert_eq!(read.len(), 2000);
-    let skipped = |m: &str| -> f64 {
-        m.lines()
-            .filter(|l| {
-                l.starts_with("laconic_shadow_reads_total{command=\"find\"")
-                    && l.contains("outcome=\"skipped\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
     m = get(addr, "/metrics").await.1;
-    assert_eq!(skipped(&m), 1.0, "{m}");
+    assert_eq!(shadowed(&m, "find", "skipped"), 1.0, "{m}");
     // Every comparison's share of the budget is given back.
     for _ in 0..40 {
         m = get(addr, "/metrics").await.1;
