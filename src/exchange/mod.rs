@@ -377,24 +377,25 @@ impl Exchange {
 }
 
 /// Compares a sampled read's answer with the shadow deployment's, in the
-/// background, within a share of the heavy-work budget: what the two
-/// commands and both answers hold parsed into documents (the shadow's
-/// answer about as large as the driver's). A read the budget has no room
-/// for now is not compared, and counted as skipped: a sample never waits,
-/// and never holds memory the budget does not know of. Both are parsed on
-/// a heavy-work thread.
+/// background (the driver's reply is not held back), within a share of
+/// the heavy-work budget: what the command and both answers hold parsed
+/// into documents (the shadow's answer about as large as the driver's).
+/// A read the budget has no room for now is not compared, and counted as
+/// skipped: a sample never waits, and never holds memory the budget does
+/// not know of. Both are parsed on a heavy-work thread.
 fn compare(ctx: &ProxyContext, shadow: &Arc<Shadow>, command: &str, request: Frame, reply: Frame) {
-    let (Some(q), Some(a)) = (request.op_msg(), reply.op_msg()) else {
-        return;
-    };
-    let needs = rewrite::mapper::holds(q.body().as_bytes())
-        .saturating_add(rewrite::mapper::holds(a.body().as_bytes()).saturating_mul(2));
-    let Some(share) = ctx.heavy.budget().try_share(needs) else {
-        ctx.metrics.shadow(command, Shadowed::Skipped);
-        return;
-    };
     let (shadow, heavy, metrics) = (shadow.clone(), ctx.heavy.clone(), ctx.metrics.clone());
+    let command = command.to_owned();
     tokio::spawn(async move {
+        let (Some(q), Some(a)) = (request.op_msg(), reply.op_msg()) else {
+            return;
+        };
+        let needs = rewrite::mapper::holds(q.body().as_bytes())
+            .saturating_add(rewrite::mapper::holds(a.body().as_bytes()).saturating_mul(2));
+        let Some(share) = heavy.budget().try_share(needs) else {
+            metrics.shadow(&command, Shadowed::Skipped);
+            return;
+        };
         let parsed = heavy
             .run_held(move || {
                 let doc = |f: &Frame| f.op_msg().and_then(|m| rewrite::to_document(m.body()).ok());

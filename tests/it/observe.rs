@@ -328,7 +328,13 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
         .await
         .unwrap();
     assert_eq!(read.len(), 2000);
-    m = get(addr, "/metrics").await.1;
+    for _ in 0..40 {
+        m = get(addr, "/metrics").await.1;
+        if shadowed(&m, "find", "skipped") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(shadowed(&m, "find", "skipped"), 1.0, "{m}");
     // Every comparison's share of the budget is given back.
     for _ in 0..40 {
