@@ -185,7 +185,7 @@ pub struct ProxyConfig {
     pub max_work_bytes: usize,
     /// Bytes of messages being read from drivers, all connections
     /// together, counting each message over 64 KiB from its header on
-    /// (README, "Huge commands").
+    /// (README, "Messages being read").
     pub max_read_bytes: usize,
     /// Compressors offered to drivers, in order of preference.
     pub client_compressors: Vec<String>,

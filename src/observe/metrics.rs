@@ -113,7 +113,7 @@ pub struct Metrics {
     store_hits: AtomicU64,
     store_misses: AtomicU64,
     store_round_trips: AtomicU64,
-    /// Shadowed reads by command: [compared, differing, unanswered].
+    /// Sampled reads by command, by [`Shadowed`] outcome.
     shadow: DashMap<&'static str, [AtomicU64; 4]>,
 }
 
