@@ -13,8 +13,8 @@ use crate::context::ProxyContext;
 use crate::convert::{ConvertError, Target};
 use crate::error::ProxyError;
 use crate::rewrite;
-use crate::rewrite::walker::Fields;
-use crate::token::Migration;
+use crate::rewrite::mapper::Converting;
+use crate::token::{Migration, Names};
 use crate::wire::{Frame, OpMsg};
 
 use super::{larger_hold, INLINE_HOLD};
@@ -30,30 +30,36 @@ pub(super) async fn convert_ahead(
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(());
     };
-    if !matches!(command, "update" | "findAndModify" | "findandmodify") {
+    if !matches!(
+        command,
+        "update" | "findAndModify" | "findandmodify" | "bulkWrite"
+    ) {
         return Ok(());
     }
-    // Read from the raw body: only a migrating collection's updates are parsed.
-    let body = m.body();
-    let (Some(db), Some(coll)) = (body.str_field("$db"), body.first().and_then(|e| e.str())) else {
+    // Read from the raw body: only a command writing a migrating
+    // collection is parsed.
+    let migrating = rewrite::written_namespaces(m).iter().any(|ns| {
+        ns.split_once('.')
+            .is_some_and(|(db, coll)| t.policies.migration(db, coll).is_some())
+    });
+    if !migrating {
         return Ok(());
-    };
-    let Some(migration) = t.policies.migration(db, coll) else {
-        return Ok(());
-    };
-    let filters = filters(ctx, frame, m, db, command).await?;
-    let target = Target {
-        coll: &ctx.own.database(db).collection(coll),
-        store: &t.store,
-        db,
-        policy: t.policies.get(db, coll),
-        reverse: migration == Migration::Reverse,
-    };
-    for filter in filters {
+    }
+    for Converting { db, coll, filter } in filters(ctx, frame, m, command).await? {
+        let Some(migration) = t.policies.migration(&db, &coll) else {
+            continue;
+        };
+        let target = Target {
+            coll: &ctx.own.database(&db).collection(&coll),
+            store: &t.store,
+            db: &db,
+            policy: t.policies.get(&db, &coll),
+            reverse: migration == Migration::Reverse,
+        };
         let n = convert_matching(&target, filter).await.map_err(|e| ProxyError::Migration {
             network: e.is_network_failure(),
             message: format!(
-                "{db}.{coll} is being migrated, and the documents this update matches could not be brought to one form first: {e}"
+                "{db}.{coll} is being migrated, and the documents this {command} matches could not be brought to one form first: {e}"
             ),
         })?;
         debug!(db, coll, documents = n, "converted ahead of an update");
@@ -61,8 +67,8 @@ pub(super) async fn convert_ahead(
     Ok(())
 }
 
-/// The filters of an update of a migrating collection, read from it
-/// parsed into documents: on a runtime thread if that holds little
+/// The filters of the updates of migrating collections in a command, read
+/// from it parsed into documents: on a runtime thread if that holds little
 /// ([`INLINE_HOLD`]), as heavy work within its share of the budget
 /// otherwise, and refused (146 `ExceededMemoryLimit`) past the whole
 /// budget, as its rewrite is.
@@ -70,26 +76,40 @@ async fn filters(
     ctx: &Arc<ProxyContext>,
     frame: &Frame,
     m: &OpMsg,
-    db: &str,
     command: &str,
-) -> Result<Vec<Document>, ProxyError> {
-    fn parse(ctx: &ProxyContext, m: &OpMsg, db: &str) -> Result<Vec<Document>, ProxyError> {
+) -> Result<Vec<Converting>, ProxyError> {
+    fn parse(ctx: &ProxyContext, m: &OpMsg) -> Result<Vec<Converting>, ProxyError> {
         let Some(t) = &ctx.rewrite.tokens else {
             return Ok(Vec::new());
         };
         let cmd = rewrite::Command::from_msg(m)?;
-        let names = t.store.dictionary(db)?;
-        rewrite::mapper::migration_filters(&cmd, db, &t.policies, &*names)
+        // The dictionaries of the databases with a collection migrating.
+        let mut dictionaries = Vec::new();
+        for ns in rewrite::written_namespaces(m) {
+            if let Some((db, coll)) = ns.split_once('.') {
+                let known = dictionaries.iter().any(|(d, _)| d == db);
+                if !known && t.policies.migration(db, coll).is_some() {
+                    dictionaries.push((db.to_owned(), t.store.dictionary(db)?));
+                }
+            }
+        }
+        let names = |db: &str| {
+            dictionaries
+                .iter()
+                .find(|(d, _)| d == db)
+                .map(|(_, n)| &**n as &dyn Names)
+        };
+        rewrite::mapper::migration_filters(&cmd, &t.policies, &names)
     }
     let what = || format!("the conversion ahead of this {command}");
     let share = match rewrite::whole_affordable(m, what, INLINE_HOLD) {
-        Ok(()) => return parse(ctx, m, db),
+        Ok(()) => return parse(ctx, m),
         Err(refused) => larger_hold(refused, INLINE_HOLD, ctx.config.max_work_bytes)?,
     };
-    let (work, frame, db) = (Arc::clone(ctx), frame.clone(), db.to_owned());
+    let (work, frame) = (Arc::clone(ctx), frame.clone());
     ctx.heavy
         .run(share, move || match frame.op_msg() {
-            Some(m) => parse(&work, m, &db),
+            Some(m) => parse(&work, m),
             None => Ok(Vec::new()),
         })
         .await?

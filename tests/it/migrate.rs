@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bson::{doc, Bson, Document, RawDocumentBuf};
+use mongodb::options::{UpdateOneModel, WriteModel};
 use mongodb::Collection;
 
 use crate::common::{self, db_name};
@@ -299,6 +300,63 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
         stored.keys().collect::<Vec<_>>()
     );
     via.delete_one(doc! {"_id": -1}).await.unwrap();
+
+    // A client bulkWrite's operator updates, the same: the document one
+    // matches (stored with full names) is brought to one form first, and
+    // an upsert seeds its new document from its filter.
+    events
+        .insert_one(doc! {"_id": -2, "customer_name": "customer -2", "amount": 5, "custom": {"Loyalty Tier": 1}})
+        .await
+        .unwrap();
+    let update = |filter: Document, update: Document, upsert: bool| {
+        WriteModel::UpdateOne(
+            UpdateOneModel::builder()
+                .namespace(via.namespace())
+                .filter(filter)
+                .update(update)
+                .upsert(upsert)
+                .build(),
+        )
+    };
+    let r = via
+        .client()
+        .bulk_write(vec![
+            update(
+                doc! {"customer_name": "customer -2"},
+                doc! {"$inc": {"amount": 1, "custom.Loyalty Tier": 10}},
+                false,
+            ),
+            update(
+                doc! {"customer_name": "customer -3"},
+                doc! {"$set": {"amount": 7}},
+                true,
+            ),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.matched_count, r.modified_count, r.upserted_count),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        via.find_one(doc! {"_id": -2}).await.unwrap().unwrap(),
+        doc! {"_id": -2, "customer_name": "customer -2", "amount": 6, "custom": {"Loyalty Tier": 11}}
+    );
+    let stored = raw(-2).await;
+    assert!(
+        !stored.contains_key("customer_name") && !stored.contains_key("custom"),
+        "stored in one form, tokenized: {stored}"
+    );
+    let mut upserted = via
+        .find_one(doc! {"customer_name": "customer -3"})
+        .await
+        .unwrap()
+        .unwrap();
+    upserted.remove("_id");
+    assert_eq!(upserted, doc! {"customer_name": "customer -3", "amount": 7});
+    via.delete_many(doc! {"customer_name": {"$in": ["customer -2", "customer -3"]}})
+        .await
+        .unwrap();
 
     // An upsert seeds its new document from the filter, as without the proxy.
     let r = via

@@ -407,22 +407,59 @@ impl<'a> Mapper<'a> {
 }
 
 /// While a collection migrates, the filters (matching both stored forms) of
-/// the operator and pipeline updates of a command (as the driver sent it):
-/// the exchange brings the documents they match to the stored form before
-/// the command runs, so that each update meets one form only.
-pub fn migration_filters(
+/// the operator and pipeline updates of a command (as the driver sent it),
+/// each with the namespace it addresses: the exchange brings the documents
+/// they match to the stored form before the command runs, so that each
+/// update meets one form only. `names` gives the dictionary of a database
+/// with a collection being migrated.
+pub fn migration_filters<'n>(
     cmd: &Command,
-    db: &str,
     policies: &Policies,
-    names: &dyn Names,
-) -> Result<Vec<Document>, ProxyError> {
-    let coll = collection_of(&cmd.body).to_owned();
-    let m = Mapper::new(policies, db, &coll, Lookup::of(names));
+    names: &dyn Fn(&str) -> Option<&'n dyn Names>,
+) -> Result<Vec<Converting>, ProxyError> {
     let mut out = Vec::new();
-    if let (Some(_), Some(entry)) = (m.migrating, catalogue::lookup(cmd.name())) {
-        m.partial_update_filters(entry.slots, &cmd.body, &mut out)?;
+    let mut filters = Vec::new();
+    let mut of = |db: &str, coll: &str, slots: &[Slot], body: &Document| {
+        let Some(names) = names(db) else {
+            return Ok(());
+        };
+        let m = Mapper::new(policies, db, coll, Lookup::of(names));
+        if m.migrating.is_none() {
+            return Ok(());
+        }
+        m.partial_update_filters(slots, body, &mut filters)?;
+        out.extend(filters.drain(..).map(|filter| Converting {
+            db: db.to_owned(),
+            coll: coll.to_owned(),
+            filter,
+        }));
+        Ok::<_, ProxyError>(())
+    };
+    if cmd.name() == "bulkWrite" {
+        let namespaces = namespaces_of(&cmd.body);
+        for op in cmd.body.get_array("ops").into_iter().flatten() {
+            let Bson::Document(op) = op else { continue };
+            let ns = op_namespace(op, &namespaces).and_then(|ns| ns.split_once('.'));
+            let kind = op.keys().next().map(String::as_str).unwrap_or_default();
+            if let Some((db, coll)) = ns {
+                of(db, coll, catalogue::bulk_op_slots(kind), op)?;
+            }
+        }
+    } else if let Some(entry) = catalogue::lookup(cmd.name()) {
+        let db = cmd.body.get_str("$db").unwrap_or_default();
+        of(db, collection_of(&cmd.body), entry.slots, &cmd.body)?;
     }
     Ok(out)
+}
+
+/// Documents of a collection being migrated to bring to the stored form
+/// before a command runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Converting {
+    pub db: String,
+    pub coll: String,
+    /// Matches them in either form.
+    pub filter: Document,
 }
 
 impl Mapper<'_> {

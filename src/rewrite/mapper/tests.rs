@@ -45,9 +45,17 @@ fn while_migrating_partial_updates_name_the_stored_form_only() {
         ],
     });
     // The documents the operator update will meet, in either form...
+    let names = |_: &str| Some(&dict as &dyn Names);
+    let converting = |filter: Document| Converting {
+        db: "app".into(),
+        coll: "people".into(),
+        filter,
+    };
     assert_eq!(
-        migration_filters(&update, "app", &policies, &dict).unwrap(),
-        vec![doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}]
+        migration_filters(&update, &policies, &names).unwrap(),
+        vec![converting(
+            doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}
+        )]
     );
     // ...are brought to the stored form first, so its filter names
     // that form alone; the replacement's filter matches both.
@@ -62,19 +70,45 @@ fn while_migrating_partial_updates_name_the_stored_form_only() {
         ops[1].as_document().unwrap().get_document("q").unwrap(),
         &doc! {"$or": [{&first: "y"}, {"first_name": "y"}]}
     );
-    // A bulkWrite's operator updates wait for the end of the migration.
-    let mut bulk = cmd(doc! {
-        "bulkWrite": 1, "$db": "admin", "nsInfo": [{"ns": "app.people"}],
-        "ops": [{"update": 0, "filter": {}, "updateMods": {"$set": {"last_name": 1}}}],
+    // A bulkWrite's operator updates are the same: converted ahead, then
+    // named in the stored form. Its replacements and deletes match both.
+    let bulk = cmd(doc! {
+        "bulkWrite": 1, "$db": "admin",
+        "nsInfo": [{"ns": "app.people"}, {"ns": "app.other"}],
+        "ops": [
+            {"update": 0, "filter": {"first_name": "x"}, "updateMods": {"$set": {"last_name": 1}}},
+            {"update": 1, "filter": {"first_name": "x"}, "updateMods": {"$set": {"last_name": 1}}},
+            {"update": 0, "filter": {"first_name": "y"}, "updateMods": {"first_name": "z"}},
+            {"delete": 0, "filter": {"first_name": "w"}},
+        ],
     });
-    assert!(matches!(
-        command(&mut bulk, "app", &policies, Lookup::of(&dict)),
-        Err(ProxyError::Unsupported(_))
-    ));
+    assert_eq!(
+        migration_filters(&bulk, &policies, &names).unwrap(),
+        vec![converting(
+            doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}
+        )]
+    );
+    let mut rewritten = bulk.clone();
+    let lookup = |db: &str| (db == "app").then(|| Lookup::of(&dict));
+    bulk_write(&mut rewritten, &policies, &lookup).unwrap();
+    let ops = rewritten.body.get_array("ops").unwrap();
+    let op = |i: usize| ops[i].as_document().unwrap();
+    assert_eq!(
+        op(0),
+        &doc! {"update": 0, "filter": {&first: "x"}, "updateMods": {"$set": {&last: 1}}}
+    );
+    assert_eq!(
+        op(1),
+        &doc! {"update": 1, "filter": {&first: "x"}, "updateMods": {"$set": {&last: 1}}}
+    );
+    for i in [2, 3] {
+        let filter = op(i).get_document("filter").unwrap();
+        assert!(filter.contains_key("$or"), "{filter}");
+    }
     // Not migrating: nothing to bring over.
     let other = cmd(doc! {"update": "other", "$db": "app",
     "updates": [{"q": {"first_name": "x"}, "u": {"$set": {"last_name": 1}}}]});
-    assert!(migration_filters(&other, "app", &policies, &dict)
+    assert!(migration_filters(&other, &policies, &names)
         .unwrap()
         .is_empty());
 }
@@ -93,9 +127,14 @@ fn during_and_after_a_reverse_migration_writes_keep_full_names() {
         .unwrap()
         .as_str()
         .to_owned();
+    let names = |_: &str| Some(&dict as &dyn Names);
     assert_eq!(
-        migration_filters(&write, "app", &policies, &dict).unwrap(),
-        vec![doc! {"$or": [{&first: "x"}, {"first_name": "x"}]}]
+        migration_filters(&write, &policies, &names).unwrap(),
+        vec![Converting {
+            db: "app".into(),
+            coll: "people".into(),
+            filter: doc! {"$or": [{&first: "x"}, {"first_name": "x"}]},
+        }]
     );
     for policies in [policies, migrating(State::Reversed).0] {
         for c in [&write, &insert] {
@@ -105,7 +144,7 @@ fn during_and_after_a_reverse_migration_writes_keep_full_names() {
         }
     }
     let (reversed, _) = migrating(State::Reversed);
-    assert!(migration_filters(&write, "app", &reversed, &dict)
+    assert!(migration_filters(&write, &reversed, &names)
         .unwrap()
         .is_empty());
     assert!(!reversed.get("app", "people").is_active());

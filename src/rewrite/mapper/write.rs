@@ -12,8 +12,9 @@ use crate::token::{Migration, Names, Policy};
 
 impl Mapper<'_> {
     /// The filter of an update. While the collection migrates, an operator
-    /// or pipeline update (of an `update` or `findAndModify`) meets its
-    /// documents in the stored form only (see `migration_filters`), so its
+    /// or pipeline update (of an `update`, a `findAndModify` or a
+    /// `bulkWrite`) meets its documents in the stored form only (see
+    /// `migration_filters`), so its
     /// filter names that form alone, and an upsert seeds its new document
     /// from the filter as it would without the proxy.
     pub(super) fn update_filter_at(
@@ -23,7 +24,7 @@ impl Mapper<'_> {
         update_key: &str,
     ) -> Result<(), ProxyError> {
         match self.migrating {
-            Some(way) if update_key != "updateMods" && is_partial(parent.get(update_key)) => {
+            Some(way) if is_partial(parent.get(update_key)) => {
                 if way == Migration::Reverse {
                     return Ok(()); // stored with full names
                 }
@@ -57,14 +58,9 @@ impl Mapper<'_> {
 
     pub(super) fn update(&self, parent: &mut Document, key: &str) -> Result<(), ProxyError> {
         // While a collection migrates, an operator or pipeline update could
-        // meet a document still in the other form and write beside it. The
-        // session brings the documents an `update` or `findAndModify` filter
-        // matches to the stored form first; a bulkWrite's are paused.
-        if self.migrating.is_some() && is_partial(parent.get(key)) && key == "updateMods" {
-            return Err(ProxyError::Unsupported(
-                "a bulkWrite update of a collection that laconic migrate is rewriting: its operator and pipeline updates are paused until it finishes (update and findAndModify commands, inserts and reads go on)".into(),
-            ));
-        }
+        // meet a document still in the other form and write beside it: the
+        // session brings the documents its filter matches to the stored
+        // form first (`migration_filters`).
         if self.migrating == Some(Migration::Reverse) {
             return Ok(()); // stored with full names
         }
