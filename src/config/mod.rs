@@ -187,6 +187,10 @@ pub struct ProxyConfig {
     /// together, counting each message over 64 KiB from its header on
     /// (README, "Messages being read").
     pub max_read_bytes: usize,
+    /// Bytes a second a message holding a share of `max_read_bytes` must
+    /// arrive at, at least, after `handshake_timeout_ms` of grace: one
+    /// that does not closes its connection.
+    pub min_read_rate: u64,
     /// Compressors offered to drivers, in order of preference.
     pub client_compressors: Vec<String>,
     /// Compressors offered to the upstream (empty: the upstream leg is uncompressed).
@@ -331,6 +335,7 @@ impl Default for ProxyConfig {
             max_held_bytes: 256 << 20,
             max_work_bytes: DEFAULT_MAX_WORK_BYTES,
             max_read_bytes: DEFAULT_MAX_WORK_BYTES,
+            min_read_rate: 256 << 10,
             client_compressors: Compressor::SUPPORTED
                 .iter()
                 .map(|c| c.name().to_owned())
@@ -450,6 +455,13 @@ impl Config {
                     "must be at least 16777216 (16 MiB)",
                 ));
             }
+        }
+        if p.min_read_rate == 0 {
+            return Err(invalid(
+                "proxy.min_read_rate",
+                "0".into(),
+                "must be at least 1 (bytes a second)",
+            ));
         }
         if !(1024..=MAX_MESSAGE_SIZE).contains(&p.max_message_size) {
             return Err(invalid(
@@ -602,6 +614,14 @@ impl ProxyConfig {
     }
     pub fn handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.handshake_timeout_ms)
+    }
+
+    /// How fast a large message must arrive (see [`crate::wire::FrameReader`]).
+    pub fn read_pace(&self) -> crate::wire::Pace {
+        crate::wire::Pace {
+            grace: self.handshake_timeout(),
+            min_rate: self.min_read_rate,
+        }
     }
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.shutdown_grace_ms)

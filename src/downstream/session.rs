@@ -76,7 +76,7 @@ impl Session {
                 MessageCodec::new(ctx.config.max_message_size),
                 0,
             ),
-            reader: FrameReader::new(ctx.config.max_message_size),
+            reader: FrameReader::new(ctx.config.max_message_size, ctx.config.read_pace()),
             upstream: Leg::new(
                 ctx.upstream.clone(),
                 ctx.config.connect_timeout(),

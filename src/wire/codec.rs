@@ -1,8 +1,11 @@
 //! The thin tokio-util shell around the sans-IO codec.
 
+use std::time::Duration;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::SinkExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 use tokio_util::codec::{Decoder, Encoder, Framed};
 
 use super::{Frame, Header, WireError, HEADER_LEN};
@@ -129,17 +132,41 @@ const READ_CHUNK: usize = 8 << 10;
 /// Reads requests from a driver: the bytes of the message being read, and
 /// its share of the read budget. Only the rest of that message is read
 /// once its length is known, so nothing after it is buffered outside it.
+///
+/// A share is held for a time: a message that has one must arrive by its
+/// deadline ([`Pace`]), or the connection is closed. A client that sends
+/// the header of a large message and stops would otherwise hold its share
+/// for as long as it keeps the connection, and a few such headers would
+/// hold the whole budget from every other client's large messages.
 #[derive(Debug)]
 pub struct FrameReader {
     codec: MessageCodec,
+    pace: Pace,
     buf: BytesMut,
-    held: Option<Share>,
+    held: Option<(Share, Instant)>,
+}
+
+/// How fast a message holding a share of the read budget must arrive: by
+/// `grace` plus its length at `min_rate` bytes a second, from when its
+/// share was granted.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    pub grace: Duration,
+    pub min_rate: u64,
+}
+
+impl Pace {
+    fn deadline(&self, from: Instant, len: usize) -> Instant {
+        let rate = self.min_rate.max(1) as f64;
+        from + self.grace + Duration::from_secs_f64(len as f64 / rate)
+    }
 }
 
 impl FrameReader {
-    pub fn new(max_message_size: usize) -> FrameReader {
+    pub fn new(max_message_size: usize, pace: Pace) -> FrameReader {
         FrameReader {
             codec: MessageCodec::new(max_message_size),
+            pace,
             buf: BytesMut::new(),
             held: None,
         }
@@ -170,7 +197,8 @@ impl FrameReader {
                 Some(len) => {
                     // Room for the rest of it, within a share if it is large.
                     if len > UNSHARED_MESSAGE && self.held.is_none() {
-                        self.held = Some(budget.share(len).await);
+                        let share = budget.share(len).await;
+                        self.held = Some((share, self.pace.deadline(Instant::now(), len)));
                     }
                     len - self.buf.len()
                 }
@@ -183,12 +211,38 @@ impl FrameReader {
                 }
             };
             self.buf.reserve(room);
-            match io.read_buf(&mut (&mut self.buf).limit(room)).await {
+            let deadline = self.held.as_ref().map(|(_, deadline)| *deadline);
+            let mut room = (&mut self.buf).limit(room);
+            let read = io.read_buf(&mut room);
+            let read = match deadline {
+                None => read.await,
+                Some(deadline) => match tokio::time::timeout_at(deadline, read).await {
+                    Ok(read) => read,
+                    Err(_) => return Some(Err(self.late().into())),
+                },
+            };
+            match read {
                 Ok(0) => return self.codec.decode_eof(&mut self.buf).transpose(),
                 Ok(_) => {}
                 Err(e) => return Some(Err(e.into())),
             }
         }
+    }
+}
+
+impl FrameReader {
+    /// Why a message that missed its deadline ends its connection.
+    fn late(&self) -> std::io::Error {
+        let len = declared(&self.buf).unwrap_or_default();
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "a message of {len} bytes did not arrive in time ({} of them did; proxy.min_read_rate is {} bytes a second, after {:?})",
+                self.buf.len(),
+                self.pace.min_rate,
+                self.pace.grace,
+            ),
+        )
     }
 }
 
@@ -206,6 +260,12 @@ mod tests {
 
     use super::*;
     use crate::wire::{Message, MsgFlags, OpMsg, MAX_MESSAGE_SIZE};
+
+    /// Time enough for any message here.
+    const PATIENT: Pace = Pace {
+        grace: Duration::from_secs(600),
+        min_rate: 1,
+    };
 
     /// The bytes of a `ping` carrying a string of `pad` bytes.
     fn message(pad: usize) -> Vec<u8> {
@@ -228,14 +288,9 @@ mod tests {
     async fn large_messages_are_read_within_the_budget() {
         let budget = Budget::new(1 << 20);
         let (big, small) = (message(600 << 10), message(100));
-        let (mut a, mut a_io) = (
-            FrameReader::new(MAX_MESSAGE_SIZE),
-            tokio::io::duplex(1 << 20),
-        );
-        let (mut b, mut b_io) = (
-            FrameReader::new(MAX_MESSAGE_SIZE),
-            tokio::io::duplex(1 << 20),
-        );
+        let reader = || FrameReader::new(MAX_MESSAGE_SIZE, PATIENT);
+        let (mut a, mut a_io) = (reader(), tokio::io::duplex(1 << 20));
+        let (mut b, mut b_io) = (reader(), tokio::io::duplex(1 << 20));
 
         // A's message, all but its last byte, then a small one after it.
         a_io.0.write_all(&big[..big.len() - 1]).await.unwrap();
@@ -268,5 +323,54 @@ mod tests {
         drop(a_io.0);
         assert!(a.next(&mut a_io.1, &budget).await.is_none());
         assert_eq!(budget.held(), 0);
+    }
+
+    /// A message holding a share must arrive by its deadline: one whose
+    /// bytes stop coming ends its connection, with its share given back;
+    /// one that keeps coming at the pace is read, however long it takes.
+    #[tokio::test]
+    async fn a_large_message_that_stops_coming_ends_its_connection() {
+        let budget = Budget::new(1 << 20);
+        // 0.2 s of grace, then 1 MiB a second: 600 KiB in about 0.8 s.
+        let pace = Pace {
+            grace: Duration::from_millis(200),
+            min_rate: 1 << 20,
+        };
+        let big = message(600 << 10);
+        let (mut r, (mut to, mut from)) = (
+            FrameReader::new(MAX_MESSAGE_SIZE, pace),
+            tokio::io::duplex(1 << 20),
+        );
+        to.write_all(&big[..300 << 10]).await.unwrap();
+        let started = Instant::now();
+        let e = r.next(&mut from, &budget).await.unwrap().unwrap_err();
+        let waited = started.elapsed();
+        assert!(
+            matches!(&e, CodecError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut),
+            "{e}"
+        );
+        assert!(e.to_string().contains("min_read_rate"), "{e}");
+        assert!(
+            (Duration::from_millis(780)..Duration::from_secs(3)).contains(&waited),
+            "{waited:?}"
+        );
+        drop(r);
+        assert_eq!(budget.held(), 0);
+
+        // At about 4.8 MB a second, it arrives whole.
+        let (mut r, (mut to, mut from)) = (
+            FrameReader::new(MAX_MESSAGE_SIZE, pace),
+            tokio::io::duplex(1 << 20),
+        );
+        let sender = tokio::spawn(async move {
+            for chunk in big.chunks(48 << 10) {
+                to.write_all(chunk).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            to
+        });
+        let frame = r.next(&mut from, &budget).await.unwrap().unwrap();
+        assert_eq!(frame.into_bytes().len(), 600 * 1024 + message(0).len());
+        drop(sender.await.unwrap());
     }
 }

@@ -13,7 +13,7 @@ mod op_compressed;
 mod op_msg;
 mod reader;
 
-pub use codec::{send, CodecError, FrameReader, MessageCodec, UNSHARED_MESSAGE};
+pub use codec::{send, CodecError, FrameReader, MessageCodec, Pace, UNSHARED_MESSAGE};
 pub use header::{Header, OpCode, HEADER_LEN, MAX_MESSAGE_SIZE};
 pub use legacy::{OpQuery, OpReply};
 pub use op_compressed::{may_compress, Compressor, OpCompressed};

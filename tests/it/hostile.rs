@@ -917,3 +917,58 @@ async fn messages_being_read_stay_within_the_read_budget() {
     child.kill().unwrap();
     let _ = child.wait();
 }
+
+/// A message holding a share of the read budget must keep coming: one
+/// that sends the header of a 40 MB message and stops holds the whole
+/// budget (16 MiB here) only until its deadline (1 s of grace, then 100
+/// MB a second: 1.4 s), is closed, and a driver's large insert that
+/// waited for the budget is then read and answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_stops_coming_gives_its_share_back() {
+    let config = common::temp_dir("read-pace").join("laconic.toml");
+    std::fs::write(
+        &config,
+        "[proxy]\nmax_read_bytes = 16777216\nhandshake_timeout_ms = 1000\nmin_read_rate = 100000000\n",
+    )
+    .unwrap();
+    let (mut child, addr) = common::serve_process(&["--config", config.to_str().unwrap()]);
+    let client = mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
+        .await
+        .unwrap();
+    let c = client
+        .database(&db_name("readpace", "app"))
+        .collection::<Document>("c");
+    c.drop().await.unwrap();
+
+    let mut staller = TcpStream::connect(&addr).await.unwrap();
+    write_frame(
+        &mut staller,
+        &op_msg(1, 0, doc! {"hello": 1, "$db": "admin"}),
+    )
+    .await;
+    read_frame(&mut staller).await.expect("a hello reply");
+    let started = std::time::Instant::now();
+    staller
+        .write_all(&40_000_000i32.to_le_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // 2 MB: it needs a share, and waits for the staller's.
+    let big: Vec<Document> = (0..2)
+        .map(|i| doc! {"_id": i, "pad": "x".repeat(1_000_000)})
+        .collect();
+    tokio::time::timeout(Duration::from_secs(20), c.insert_many(big))
+        .await
+        .expect("the insert is served once the staller's deadline passes")
+        .unwrap();
+    let waited = started.elapsed();
+    eprintln!("the insert was answered {waited:?} after the staller's header");
+    assert!(waited >= Duration::from_millis(1300), "{waited:?}");
+    // The staller's connection was closed, without a reply.
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), staller.read(&mut byte)).await;
+    assert!(matches!(closed, Ok(Ok(0) | Err(_))), "{closed:?}");
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 2);
+    child.kill().unwrap();
+    let _ = child.wait();
+}
