@@ -228,9 +228,7 @@ impl FrameReader {
             }
         }
     }
-}
 
-impl FrameReader {
     /// Why a message that missed its deadline ends its connection.
     fn late(&self) -> std::io::Error {
         let len = declared(&self.buf).unwrap_or_default();
@@ -253,8 +251,6 @@ fn declared(buf: &[u8]) -> Option<i32> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use bson::doc;
     use tokio::io::AsyncWriteExt;
 
