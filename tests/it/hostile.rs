@@ -854,6 +854,26 @@ async fn owned_rewrites_stay_within_the_work_budget() {
     let _ = child.wait();
 }
 
+/// `laconic serve` as a process with the `[proxy]` settings `settings`,
+/// its address, and an empty collection through it of a database named
+/// for `test`.
+async fn serving(
+    test: &str,
+    settings: &str,
+) -> (std::process::Child, String, mongodb::Collection<Document>) {
+    let config = common::temp_dir(test).join("laconic.toml");
+    std::fs::write(&config, format!("[proxy]\n{settings}\n")).unwrap();
+    let (child, addr) = common::serve_process(&["--config", config.to_str().unwrap()]);
+    let client = mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
+        .await
+        .unwrap();
+    let c = client
+        .database(&db_name(test, "app"))
+        .collection::<Document>("c");
+    c.drop().await.unwrap();
+    (child, addr, c)
+}
+
 /// Messages being read from drivers are held within `max_read_bytes`:
 /// eight connections each send the first 20 MB of a message declaring 40
 /// MB, and stop. Only the first is read past its first chunk (its share is
@@ -863,17 +883,8 @@ async fn owned_rewrites_stay_within_the_work_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_being_read_stay_within_the_read_budget() {
     const PART: usize = 20_000_000;
-    let config = common::temp_dir("read-budget").join("laconic.toml");
-    std::fs::write(&config, "[proxy]\nmax_read_bytes = 16777216\n").unwrap();
-    let (mut child, addr) = common::serve_process(&["--config", config.to_str().unwrap()]);
+    let (mut child, addr, c) = serving("readbudget", "max_read_bytes = 16777216").await;
     let pid = child.id();
-    let client = mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
-        .await
-        .unwrap();
-    let c = client
-        .database(&db_name("readbudget", "app"))
-        .collection::<Document>("c");
-    c.drop().await.unwrap();
     let before = rss_of(pid);
 
     let mut part = 40_000_000i32.to_le_bytes().to_vec();
@@ -925,20 +936,11 @@ async fn messages_being_read_stay_within_the_read_budget() {
 /// waited for the budget is then read and answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_stops_coming_gives_its_share_back() {
-    let config = common::temp_dir("read-pace").join("laconic.toml");
-    std::fs::write(
-        &config,
-        "[proxy]\nmax_read_bytes = 16777216\nhandshake_timeout_ms = 1000\nmin_read_rate = 100000000\n",
+    let (mut child, addr, c) = serving(
+        "readpace",
+        "max_read_bytes = 16777216\nhandshake_timeout_ms = 1000\nmin_read_rate = 100000000",
     )
-    .unwrap();
-    let (mut child, addr) = common::serve_process(&["--config", config.to_str().unwrap()]);
-    let client = mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
-        .await
-        .unwrap();
-    let c = client
-        .database(&db_name("readpace", "app"))
-        .collection::<Document>("c");
-    c.drop().await.unwrap();
+    .await;
 
     let mut staller = TcpStream::connect(&addr).await.unwrap();
     write_frame(

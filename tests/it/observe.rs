@@ -182,6 +182,19 @@ async fn readiness_follows_the_upstream_down_and_back() {
     assert!(up, "/readyz did not recover");
 }
 
+/// `/metrics` once `until` holds of it, or after 4 s.
+async fn metrics_once(addr: std::net::SocketAddr, until: impl Fn(&str) -> bool) -> String {
+    let mut m = String::new();
+    for _ in 0..40 {
+        m = get(addr, "/metrics").await.1;
+        if until(&m) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    m
+}
+
 /// The sum of `laconic_shadow_reads_total` for `outcome`, of `command`
 /// (of every command if it is empty).
 fn shadowed(metrics: &str, command: &str, outcome: &str) -> f64 {
@@ -256,14 +269,7 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
             .unwrap(),
         3
     );
-    let mut m = String::new();
-    for _ in 0..40 {
-        m = get(addr, "/metrics").await.1;
-        if shadowed(&m, "", "compared") >= 6.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut m = metrics_once(addr, |m| shadowed(m, "", "compared") >= 6.0).await;
     assert!(shadowed(&m, "", "compared") >= 6.0, "{m}");
     assert_eq!(shadowed(&m, "", "different"), 0.0, "{m}");
 
@@ -272,13 +278,7 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
         .await
         .unwrap();
     via.find_one(doc! {"_id": 3}).await.unwrap().unwrap();
-    for _ in 0..40 {
-        m = get(addr, "/metrics").await.1;
-        if shadowed(&m, "", "different") >= 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    m = metrics_once(addr, |m| shadowed(m, "", "different") >= 1.0).await;
     assert_eq!(shadowed(&m, "", "different"), 1.0, "{m}");
 
     // Pipelines that write are not repeated on the shadow deployment: its
@@ -293,13 +293,7 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
     via.aggregate(vec![doc! {"$match": {"_id": 1}}])
         .await
         .unwrap();
-    for _ in 0..40 {
-        m = get(addr, "/metrics").await.1;
-        if shadowed(&m, "aggregate", "compared") > before {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    m = metrics_once(addr, |m| shadowed(m, "aggregate", "compared") > before).await;
     assert_eq!(shadowed(&m, "aggregate", "compared"), before + 1.0, "{m}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let written = |c: &mongodb::Client| {
@@ -328,22 +322,13 @@ async fn shadow_mode_counts_a_corrupted_document_as_a_difference() {
         .await
         .unwrap();
     assert_eq!(read.len(), 2000);
-    for _ in 0..40 {
-        m = get(addr, "/metrics").await.1;
-        if shadowed(&m, "find", "skipped") >= 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    m = metrics_once(addr, |m| shadowed(m, "find", "skipped") >= 1.0).await;
     assert_eq!(shadowed(&m, "find", "skipped"), 1.0, "{m}");
     // Every comparison's share of the budget is given back.
-    for _ in 0..40 {
-        m = get(addr, "/metrics").await.1;
-        if m.lines().any(|l| l == "laconic_heavy_work_bytes 0") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    m = metrics_once(addr, |m| {
+        m.lines().any(|l| l == "laconic_heavy_work_bytes 0")
+    })
+    .await;
     assert!(m.lines().any(|l| l == "laconic_heavy_work_bytes 0"), "{m}");
 }
 
