@@ -170,7 +170,8 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     /// Time allowed to open the upstream connection.
     pub connect_timeout_ms: u64,
-    /// Time a new downstream connection has to send its first message.
+    /// Time a new downstream connection has to send its first message, and
+    /// the grace of a large message before `min_read_rate` applies.
     pub handshake_timeout_ms: u64,
     /// On SIGTERM/SIGINT, how long requests in flight may take to finish.
     pub shutdown_grace_ms: u64,
