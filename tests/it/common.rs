@@ -212,6 +212,18 @@ pub fn db_name(test: &str, side: &str) -> String {
     format!("lt_{test}_{side}")
 }
 
+/// Collection `c` of test `test`'s database through `client`, emptied.
+pub async fn empty_collection(
+    client: &mongodb::Client,
+    test: &str,
+) -> mongodb::Collection<Document> {
+    let c = client
+        .database(&db_name(test, "app"))
+        .collection::<Document>("c");
+    c.drop().await.unwrap();
+    c
+}
+
 // --- raw frames -----------------------------------------------------------
 
 pub fn op_msg(request_id: i32, flags: u32, body: Document) -> Frame {

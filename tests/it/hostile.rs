@@ -867,10 +867,7 @@ async fn serving(
     let client = mongodb::Client::with_uri_str(format!("mongodb://{addr}/"))
         .await
         .unwrap();
-    let c = client
-        .database(&db_name(test, "app"))
-        .collection::<Document>("c");
-    c.drop().await.unwrap();
+    let c = common::empty_collection(&client, test).await;
     (child, addr, c)
 }
 

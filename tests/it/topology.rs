@@ -257,10 +257,7 @@ async fn retrying_through_a_set(
     ))
     .await
     .unwrap();
-    let c = client
-        .database(&db_name(test, "app"))
-        .collection::<Document>("c");
-    c.drop().await.unwrap();
+    let c = common::empty_collection(&client, test).await;
     (hosts, proxy, c)
 }
 
