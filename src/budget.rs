@@ -17,7 +17,7 @@ pub struct Budget {
 /// Part of a [`Budget`], held until dropped.
 #[derive(Debug)]
 pub struct Share {
-    _held: OwnedSemaphorePermit,
+    held: OwnedSemaphorePermit,
 }
 
 impl Budget {
@@ -36,7 +36,7 @@ impl Budget {
     pub async fn share(&self, bytes: usize) -> Share {
         let kib = permits(bytes.div_ceil(1024).min(self.most_kib));
         match Arc::clone(&self.kib).acquire_many_owned(kib).await {
-            Ok(held) => Share { _held: held },
+            Ok(held) => Share { held },
             Err(_) => unreachable!("the budget's semaphore is never closed"),
         }
     }
@@ -51,12 +51,24 @@ impl Budget {
         Arc::clone(&self.kib)
             .try_acquire_many_owned(permits(kib))
             .ok()
-            .map(|held| Share { _held: held })
+            .map(|held| Share { held })
     }
 
     /// Bytes held now.
     pub fn held(&self) -> usize {
         (self.most_kib - self.kib.available_permits().min(self.most_kib)) * 1024
+    }
+}
+
+impl Share {
+    /// Gives back all of the share but `bytes` (nothing if it holds no
+    /// more): for memory freed while the rest is still held.
+    pub fn keep(&mut self, bytes: usize) {
+        let keep = bytes.div_ceil(1024);
+        let held = self.held.num_permits();
+        if held > keep {
+            drop(self.held.split(held - keep));
+        }
     }
 }
 
@@ -69,7 +81,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn shares_are_held_until_dropped_and_capped_at_the_budget() {
+    async fn shares_areheld_until_dropped_and_capped_at_the_budget() {
         let budget = Budget::new(4096);
         let three = budget.try_share(3072).expect("room for 3 KiB of 4");
         assert_eq!(budget.held(), 3072);
@@ -85,6 +97,13 @@ mod tests {
         let two = waiting.await.unwrap();
         assert_eq!(budget.held(), 2048);
         drop(two);
+        // Part of a share given back early.
+        let mut three = budget.try_share(3072).unwrap();
+        three.keep(1000);
+        assert_eq!(budget.held(), 1024);
+        three.keep(5000);
+        assert_eq!(budget.held(), 1024, "a share never grows");
+        drop(three);
         assert!(budget.try_share(4097).is_none(), "more than the budget");
         // Waited for, more than the budget is the whole of it.
         let all = budget.share(1 << 30).await;

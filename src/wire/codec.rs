@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::codec::{Decoder, Encoder, Framed};
 
-use super::{Frame, Header, WireError, HEADER_LEN};
+use super::{Frame, Header, OpCode, WireError, HEADER_LEN};
 use crate::budget::{Budget, Share};
 
 /// Frames a byte stream into [`Frame`]s, checking the declared length before
@@ -129,26 +129,45 @@ pub const UNSHARED_MESSAGE: usize = 64 << 10;
 /// What is read at once, at most, while no message's length is known yet.
 const READ_CHUNK: usize = 8 << 10;
 
-/// Reads requests from a driver: the bytes of the message being read, and
-/// its share of the read budget. Only the rest of that message is read
+/// The bytes of an OP_COMPRESSED header that say what it decompresses to:
+/// the message header, `originalOpcode` and `uncompressedSize`.
+const COMPRESSED_PREFIX: usize = HEADER_LEN + 8;
+
+/// Reads messages from a peer: the bytes of the message being read, and
+/// its share of a memory budget. Only the rest of that message is read
 /// once its length is known, so nothing after it is buffered outside it.
 ///
-/// A share is held for a time: a message that has one must arrive by its
-/// deadline ([`Pace`]), or the connection is closed. A client that sends
-/// the header of a large message and stops would otherwise hold its share
-/// for as long as it keeps the connection, and a few such headers would
-/// hold the whole budget from every other client's large messages.
+/// A driver's request ([`FrameReader::new`]) holds a share of its length
+/// while it is read, for a time: it must arrive by its deadline ([`Pace`]),
+/// or the connection is closed. A client that sends the header of a large
+/// message and stops would otherwise hold its share for as long as it
+/// keeps the connection, and a few such headers would hold the whole
+/// budget from every other client's large messages.
+///
+/// An upstream reply ([`FrameReader::for_replies`]) holds a share of what
+/// reading, rewriting and writing it back holds, and hands it on with the
+/// frame ([`FrameReader::next_held`]) to whoever does that.
 #[derive(Debug)]
 pub struct FrameReader {
     codec: MessageCodec,
-    pace: Pace,
+    sharing: Sharing,
     buf: BytesMut,
-    held: Option<(Share, Instant)>,
+    held: Option<(Share, Option<Instant>)>,
 }
 
-/// How fast a message holding a share of the read budget must arrive: by
-/// `grace` plus its length at `min_rate` bytes a second, from when its
-/// share was granted.
+/// What a large message's share counts, and for how long it may be held
+/// while the message is read.
+#[derive(Clone, Copy, Debug)]
+enum Sharing {
+    /// Its length, by a deadline.
+    Requests(Pace),
+    /// `per_byte` times its size once decompressed, for as long as it takes.
+    Replies { per_byte: usize },
+}
+
+/// How fast a message holding a share of the read budget must arrive (or
+/// a reply holding one be taken): by `grace` plus its length at
+/// `min_rate` bytes a second, from when its share was granted.
 #[derive(Clone, Copy, Debug)]
 pub struct Pace {
     pub grace: Duration,
@@ -156,30 +175,52 @@ pub struct Pace {
 }
 
 impl Pace {
-    fn deadline(&self, from: Instant, len: usize) -> Instant {
+    /// The time `len` bytes may take.
+    pub fn time_for(&self, len: usize) -> Duration {
         let rate = self.min_rate.max(1) as f64;
-        from + self.grace + Duration::from_secs_f64(len as f64 / rate)
+        self.grace + Duration::from_secs_f64(len as f64 / rate)
     }
 }
 
 impl FrameReader {
+    /// A reader of a driver's requests, at `pace`.
     pub fn new(max_message_size: usize, pace: Pace) -> FrameReader {
+        FrameReader::sharing(max_message_size, Sharing::Requests(pace))
+    }
+
+    /// A reader of upstream replies, each over [`UNSHARED_MESSAGE`]
+    /// holding `per_byte` times its size once decompressed.
+    pub fn for_replies(max_message_size: usize, per_byte: usize) -> FrameReader {
+        FrameReader::sharing(max_message_size, Sharing::Replies { per_byte })
+    }
+
+    fn sharing(max_message_size: usize, sharing: Sharing) -> FrameReader {
         FrameReader {
             codec: MessageCodec::new(max_message_size),
-            pace,
+            sharing,
             buf: BytesMut::new(),
             held: None,
         }
     }
 
-    /// The next message from `io`, `None` at the end of the stream.
-    /// Cancellation safe: what was read stays buffered here, and so does
-    /// the share taken for it.
+    /// The next message from `io`, `None` at the end of the stream; its
+    /// share is given back as it leaves. Cancellation safe: what was read
+    /// stays buffered here, and so does the share taken for it.
     pub async fn next<R: AsyncRead + Unpin>(
         &mut self,
         io: &mut R,
         budget: &Budget,
     ) -> Option<Result<Frame, CodecError>> {
+        Some(self.next_held(io, budget).await?.map(|(frame, _)| frame))
+    }
+
+    /// The next message and the share it holds, if it is large (as
+    /// [`FrameReader::next`]).
+    pub async fn next_held<R: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut R,
+        budget: &Budget,
+    ) -> Option<Result<(Frame, Option<Share>), CodecError>> {
         loop {
             let declared = match declared(&self.buf) {
                 None => None,
@@ -190,28 +231,41 @@ impl FrameReader {
             };
             let room = match declared {
                 Some(len) if self.buf.len() >= len => {
-                    // Whole: its share is given back as it leaves.
-                    self.held = None;
-                    return self.codec.decode(&mut self.buf).transpose();
+                    let share = self.held.take().map(|(share, _)| share);
+                    let whole = self.codec.decode(&mut self.buf).transpose();
+                    return whole.map(|read| read.map(|frame| (frame, share)));
                 }
-                Some(len) => {
-                    // Room for the rest of it, within a share if it is large.
-                    if len > UNSHARED_MESSAGE && self.held.is_none() {
-                        let share = budget.share(len).await;
-                        self.held = Some((share, self.pace.deadline(Instant::now(), len)));
+                Some(len) if len > UNSHARED_MESSAGE && self.held.is_none() => {
+                    // Large: the rest of it within a share, once the
+                    // budget has room for it.
+                    match self.share_for(len) {
+                        Some(bytes) => {
+                            let share = budget.share(bytes).await;
+                            let deadline = match self.sharing {
+                                Sharing::Requests(pace) => {
+                                    Some(Instant::now() + pace.time_for(len))
+                                }
+                                Sharing::Replies { .. } => None,
+                            };
+                            self.held = Some((share, deadline));
+                            len - self.buf.len()
+                        }
+                        // Its share depends on more of its header.
+                        None => COMPRESSED_PREFIX - self.buf.len(),
                     }
-                    len - self.buf.len()
                 }
+                Some(len) => len - self.buf.len(),
                 None => {
-                    // What is left of the last chunk, or a new one.
+                    // What is left of the last chunk (of a buffer that held
+                    // a large message: no more than a chunk), or a new one.
                     if self.buf.capacity() == self.buf.len() {
                         self.buf.reserve(READ_CHUNK);
                     }
-                    self.buf.capacity() - self.buf.len()
+                    (self.buf.capacity() - self.buf.len()).min(READ_CHUNK)
                 }
             };
             self.buf.reserve(room);
-            let deadline = self.held.as_ref().map(|(_, deadline)| *deadline);
+            let deadline = self.held.as_ref().and_then(|(_, deadline)| *deadline);
             let mut room = (&mut self.buf).limit(room);
             let read = io.read_buf(&mut room);
             let read = match deadline {
@@ -222,9 +276,31 @@ impl FrameReader {
                 },
             };
             match read {
-                Ok(0) => return self.codec.decode_eof(&mut self.buf).transpose(),
+                Ok(0) => {
+                    let end = self.codec.decode_eof(&mut self.buf).transpose()?;
+                    return Some(end.map(|frame| (frame, None)));
+                }
                 Ok(_) => {}
                 Err(e) => return Some(Err(e.into())),
+            }
+        }
+    }
+
+    /// The share a message of `len` bytes takes, once enough of its header
+    /// is in to say.
+    fn share_for(&self, len: usize) -> Option<usize> {
+        match self.sharing {
+            Sharing::Requests(_) => Some(len),
+            Sharing::Replies { per_byte } => {
+                let opcode = i32::from_le_bytes(self.buf.get(12..16)?.try_into().ok()?);
+                let size = if opcode == OpCode::Compressed as i32 {
+                    let inner = i32::from_le_bytes(self.buf.get(20..24)?.try_into().ok()?);
+                    let inner = usize::try_from(inner).unwrap_or(0);
+                    len.max(inner.min(self.codec.max_message_size) + HEADER_LEN)
+                } else {
+                    len
+                };
+                Some(size.saturating_mul(per_byte))
             }
         }
     }
@@ -232,13 +308,18 @@ impl FrameReader {
     /// Why a message that missed its deadline ends its connection.
     fn late(&self) -> std::io::Error {
         let len = declared(&self.buf).unwrap_or_default();
+        let pace = match self.sharing {
+            Sharing::Requests(pace) => format!(
+                "; proxy.min_read_rate is {} bytes a second, after {:?}",
+                pace.min_rate, pace.grace
+            ),
+            Sharing::Replies { .. } => String::new(),
+        };
         std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             format!(
-                "a message of {len} bytes did not arrive in time ({} of them did; proxy.min_read_rate is {} bytes a second, after {:?})",
+                "a message of {len} bytes did not arrive in time ({} of them did{pace})",
                 self.buf.len(),
-                self.pace.min_rate,
-                self.pace.grace,
             ),
         )
     }
@@ -313,12 +394,89 @@ mod tests {
         let frame = b.next(&mut b_io.1, &budget).await.unwrap().unwrap();
         assert_eq!(frame.into_bytes().len(), big.len());
 
-        // The small one needs no share; then the end of the stream.
+        // The small one needs no share. A's buffer held a large message:
+        // while B's share is held, no more than a chunk of A's next large
+        // one is read into it.
         let frame = a.next(&mut a_io.1, &budget).await.unwrap().unwrap();
         assert_eq!(frame.into_bytes().to_vec(), small);
+        let held_by_b = budget.share(1 << 20).await;
+        a_io.0.write_all(&big).await.unwrap();
+        let read = tokio::time::timeout(Duration::from_millis(50), a.next(&mut a_io.1, &budget));
+        assert!(read.await.is_err(), "waits for room");
+        assert!(a.buf.len() <= READ_CHUNK, "{} bytes buffered", a.buf.len());
+        drop(held_by_b);
+        let frame = a.next(&mut a_io.1, &budget).await.unwrap().unwrap();
+        assert_eq!(frame.into_bytes().len(), big.len());
         drop(a_io.0);
         assert!(a.next(&mut a_io.1, &budget).await.is_none());
         assert_eq!(budget.held(), 0);
+    }
+
+    /// A reply reader's share is `per_byte` times the reply's size, what
+    /// a compressed one decompresses to for OP_COMPRESSED, and is handed
+    /// out with the frame: held until its taker drops it. A small reply
+    /// takes none.
+    #[tokio::test]
+    async fn a_reply_hands_its_share_to_its_taker() {
+        let budget = Budget::new(64 << 20);
+        let big = message(600 << 10);
+        let mut r = FrameReader::for_replies(MAX_MESSAGE_SIZE, 4);
+        let (mut to, mut from) = tokio::io::duplex(1 << 20);
+        to.write_all(&big).await.unwrap();
+        let (frame, share) = r.next_held(&mut from, &budget).await.unwrap().unwrap();
+        assert_eq!(frame.into_bytes().len(), big.len());
+        assert_eq!(budget.held(), (4 * big.len()).div_ceil(1024) * 1024);
+        drop(share);
+        assert_eq!(budget.held(), 0);
+
+        // Compressed to almost nothing, it counts what it decompresses to.
+        let frame = Frame::parse(big.clone().into(), MAX_MESSAGE_SIZE).unwrap();
+        let packed = frame
+            .compress(crate::wire::Compressor::Zstd)
+            .unwrap()
+            .into_bytes();
+        assert!(packed.len() < 16 << 10, "{} bytes", packed.len());
+        // Large once decompressed, but not on the wire: no share.
+        to.write_all(&packed).await.unwrap();
+        let (_, share) = r.next_held(&mut from, &budget).await.unwrap().unwrap();
+        assert!(share.is_none());
+
+        // Past 64 KiB on the wire, its share counts its decompressed size.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let noise: String = (0..200_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b'a' + (x % 26) as u8)
+            })
+            .collect();
+        let body = bson::RawDocumentBuf::from_document(
+            &doc! {"ping": 1, "noise": noise, "pad": "x".repeat(4 << 20), "$db": "admin"},
+        )
+        .unwrap();
+        let frame = Frame::new(
+            1,
+            0,
+            Message::Msg(OpMsg::from_body(MsgFlags::default(), &body)),
+        );
+        let plain = frame.to_bytes().len();
+        let packed = frame
+            .compress(crate::wire::Compressor::Zstd)
+            .unwrap()
+            .into_bytes();
+        assert!(
+            packed.len() > UNSHARED_MESSAGE && packed.len() < plain / 4,
+            "{} bytes of {plain}",
+            packed.len()
+        );
+        let (mut to, mut from) = tokio::io::duplex(1 << 20);
+        let sender = tokio::spawn(async move { to.write_all(&packed).await.map(|_| to) });
+        let (_, share) = r.next_held(&mut from, &budget).await.unwrap().unwrap();
+        assert!(share.is_some());
+        assert_eq!(budget.held(), (4 * plain).div_ceil(1024) * 1024);
+        drop(share);
+        drop(sender.await.unwrap().unwrap());
     }
 
     /// A message holding a share must arrive by its deadline: one whose
