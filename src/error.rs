@@ -191,9 +191,17 @@ pub struct Outcome {
 /// connection (a reply on a connection about to close would have them
 /// send it again on that one), end a transaction's attempt, and open new
 /// connections in place of those they pooled.
+///
+/// A driver's connection that failed is not answered either: a reply
+/// written after part of another (one the driver did not take in time)
+/// would follow it into the socket.
 pub fn outcome(e: &ProxyError, reply_due: bool, replies_pending: bool) -> Outcome {
+    let lost = matches!(
+        e,
+        ProxyError::UpstreamLost(_) | ProxyError::DownstreamLost(_)
+    );
     Outcome {
-        answer: reply_due && !matches!(e, ProxyError::UpstreamLost(_)),
+        answer: reply_due && !lost,
         close: e.ends_session() || replies_pending,
     }
 }
@@ -284,6 +292,21 @@ pub fn error_reply(err: &ProxyError, request: &Frame, request_id: i32) -> Frame 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed connection on either leg closes the driver's without an
+    /// answer; a refusal is answered and keeps it.
+    #[test]
+    fn lost_connections_are_not_answered() {
+        for lost in [
+            ProxyError::UpstreamLost("reset".into()),
+            ProxyError::DownstreamLost("a reply was not taken in time".into()),
+        ] {
+            let o = outcome(&lost, true, false);
+            assert_eq!((o.answer, o.close), (false, true), "{lost}");
+        }
+        let o = outcome(&ProxyError::Unsupported("$where".into()), true, false);
+        assert_eq!((o.answer, o.close), (true, false));
+    }
 
     fn labels(err: &ProxyError, request: bson::Document) -> Vec<String> {
         let request = RawDocumentBuf::from_document(&request).unwrap();
