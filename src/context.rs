@@ -41,6 +41,9 @@ pub struct ProxyContext {
     /// The memory budget for messages being read from drivers (see
     /// [`crate::wire::FrameReader`]).
     pub reading: crate::budget::Budget,
+    /// The memory budget for upstream replies on their way to drivers (see
+    /// [`crate::upstream::Leg`]).
+    pub replies: crate::budget::Budget,
     next_session: AtomicU64,
 }
 
@@ -88,6 +91,7 @@ impl ProxyContext {
             tls,
             heavy: HeavyWork::new(config.max_work_bytes, HeavyWork::threads())?,
             reading: crate::budget::Budget::new(config.max_read_bytes),
+            replies: crate::budget::Budget::new(config.max_reply_bytes),
             config,
             requires_auth: RequiresAuth::default(),
             metrics: Arc::new(Metrics::new(metrics)),

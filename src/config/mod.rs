@@ -192,6 +192,14 @@ pub struct ProxyConfig {
     /// arrive at, at least, after `handshake_timeout_ms` of grace: one
     /// that does not closes its connection.
     pub min_read_rate: u64,
+    /// Bytes of upstream replies on their way to drivers, all sessions
+    /// together, counting each reply over 64 KiB from its header until it
+    /// is written back, with what rewriting it holds (README, "Replies").
+    pub max_reply_bytes: usize,
+    /// Bytes a second a driver must take a reply holding a share of
+    /// `max_reply_bytes` at, at least, after `handshake_timeout_ms` of
+    /// grace: one that does not has its connection closed.
+    pub min_write_rate: u64,
     /// Compressors offered to drivers, in order of preference.
     pub client_compressors: Vec<String>,
     /// Compressors offered to the upstream (empty: the upstream leg is uncompressed).
@@ -337,6 +345,8 @@ impl Default for ProxyConfig {
             max_work_bytes: DEFAULT_MAX_WORK_BYTES,
             max_read_bytes: DEFAULT_MAX_WORK_BYTES,
             min_read_rate: 256 << 10,
+            max_reply_bytes: DEFAULT_MAX_WORK_BYTES,
+            min_write_rate: 256 << 10,
             client_compressors: Compressor::SUPPORTED
                 .iter()
                 .map(|c| c.name().to_owned())
@@ -448,6 +458,7 @@ impl Config {
         for (key, bytes) in [
             ("proxy.max_work_bytes", p.max_work_bytes),
             ("proxy.max_read_bytes", p.max_read_bytes),
+            ("proxy.max_reply_bytes", p.max_reply_bytes),
         ] {
             if bytes < MIN_WORK_BYTES {
                 return Err(invalid(
@@ -457,12 +468,17 @@ impl Config {
                 ));
             }
         }
-        if p.min_read_rate == 0 {
-            return Err(invalid(
-                "proxy.min_read_rate",
-                "0".into(),
-                "must be at least 1 (bytes a second)",
-            ));
+        for (key, rate) in [
+            ("proxy.min_read_rate", p.min_read_rate),
+            ("proxy.min_write_rate", p.min_write_rate),
+        ] {
+            if rate == 0 {
+                return Err(invalid(
+                    key,
+                    "0".into(),
+                    "must be at least 1 (bytes a second)",
+                ));
+            }
         }
         if !(1024..=MAX_MESSAGE_SIZE).contains(&p.max_message_size) {
             return Err(invalid(
@@ -622,6 +638,14 @@ impl ProxyConfig {
         crate::wire::Pace {
             grace: self.handshake_timeout(),
             min_rate: self.min_read_rate,
+        }
+    }
+
+    /// How fast a driver must take a large reply.
+    pub fn write_pace(&self) -> crate::wire::Pace {
+        crate::wire::Pace {
+            grace: self.handshake_timeout(),
+            min_rate: self.min_write_rate,
         }
     }
     pub fn shutdown_grace(&self) -> Duration {

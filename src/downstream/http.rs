@@ -68,6 +68,7 @@ async fn answer(mut stream: TcpStream, ctx: &ProxyContext) -> std::io::Result<()
                 crate::observe::Held {
                     work: ctx.heavy.budget().held(),
                     read: ctx.reading.held(),
+                    reply: ctx.replies.held(),
                 },
             ),
         ),

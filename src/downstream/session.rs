@@ -20,6 +20,7 @@ use crate::tls::Stream;
 use tokio_util::codec::Framed;
 use tracing::{debug, info, warn};
 
+use crate::budget::Share;
 use crate::capture::{CaptureWriter, Direction};
 use crate::context::ProxyContext;
 use crate::error::{error_reply, ProxyError, Side};
@@ -81,6 +82,7 @@ impl Session {
                 ctx.upstream.clone(),
                 ctx.config.connect_timeout(),
                 ctx.config.max_message_size,
+                ctx.replies.clone(),
             ),
             state: SessionState::new(id),
             capture,
@@ -138,7 +140,7 @@ impl Session {
                     self.ctx.metrics.error(e.code().1);
                     let id = self.local_id();
                     let reply = error_reply(&e, x.request_frame(), id);
-                    self.write_back(&x, reply).await?;
+                    self.write_back(&x, reply, None).await?;
                 }
                 if outcome.close {
                     return Err(e);
@@ -156,10 +158,17 @@ impl Session {
             .await?
         {
             Step::Answer(body) => {
+                // A batch held back for a cursor is a reply like the
+                // upstream's: within a share while it is written back.
+                let len = body.as_bytes().len();
+                let share = match len > wire::UNSHARED_MESSAGE {
+                    true => Some(self.ctx.replies.share(len).await),
+                    false => None,
+                };
                 let id = self.local_id();
                 let msg = OpMsg::from_body(MsgFlags::default(), &body);
                 let reply = Frame::new(id, x.request_frame().header.request_id, Message::Msg(msg));
-                return self.write_back(x, reply).await;
+                return self.write_back(x, reply, share).await;
             }
             Step::Forward(out) => out,
         };
@@ -174,9 +183,13 @@ impl Session {
             return Ok(()); // w:0: the upstream sends no reply
         }
         // ⑥ read replies, ⑦ rewrite them, ⑧ write them back
-        while let Some(reply) = self.next_reply(x.exhaust()).await? {
+        while let Some((reply, mut share)) = self.next_reply(x.exhaust()).await? {
             *pending = reply.more_to_come();
             let reply = x.reply(&self.ctx, &mut self.state, reply).await?;
+            // What rewriting it held is freed; what is written stays.
+            if let Some(share) = &mut share {
+                share.keep(reply.header.length as usize);
+            }
             if x.upstream_moved() {
                 // Every connection the driver pooled is on the old primary:
                 // its connection closes without this reply, so that the
@@ -189,7 +202,7 @@ impl Session {
                         .into(),
                 ));
             }
-            self.write_back(x, reply).await?;
+            self.write_back(x, reply, share).await?;
             x.answered();
             if !*pending {
                 break;
@@ -242,7 +255,10 @@ impl Session {
 
     /// ⑥ The next reply. While an exhaust stream runs, the driver's close
     /// or shutdown end the stream; a request it sends is kept for after it.
-    async fn next_reply(&mut self, exhaust: bool) -> Result<Option<Frame>, ProxyError> {
+    async fn next_reply(
+        &mut self,
+        exhaust: bool,
+    ) -> Result<Option<(Frame, Option<Share>)>, ProxyError> {
         let reply = if exhaust && self.pipelined.is_none() {
             // Both futures are cancellation safe (buffered in their codecs).
             // The driver's side is watched so that a driver that leaves
@@ -269,22 +285,40 @@ impl Session {
         };
         self.ctx
             .metrics
-            .bytes(MetricLeg::Upstream, Way::In, reply.header.length as usize);
+            .bytes(MetricLeg::Upstream, Way::In, reply.0.header.length as usize);
         Ok(Some(reply))
     }
 
-    /// ⑧ Writes a reply back, compressed as the request was.
-    async fn write_back(&mut self, x: &Exchange, reply: Frame) -> Result<(), ProxyError> {
+    /// ⑧ Writes a reply back, compressed as the request was. One that
+    /// holds a `share` of the budget for replies must be taken by the
+    /// driver at `proxy.min_write_rate`, or the connection is closed and
+    /// the share given back: a driver that stops reading would otherwise
+    /// hold it for as long as it keeps the connection.
+    async fn write_back(
+        &mut self,
+        x: &Exchange,
+        reply: Frame,
+        share: Option<Share>,
+    ) -> Result<(), ProxyError> {
         if let Some(c) = &mut self.capture {
             c.record(Direction::Reply, &reply);
         }
         let reply = x.outbound(reply)?;
-        self.ctx
-            .metrics
-            .bytes(MetricLeg::Client, Way::Out, reply.header.length as usize);
-        wire::send(&mut self.downstream, reply)
-            .await
-            .map_err(|e| ProxyError::DownstreamLost(e.to_string()))
+        let len = reply.header.length as usize;
+        self.ctx.metrics.bytes(MetricLeg::Client, Way::Out, len);
+        let lost = |e: CodecError| ProxyError::DownstreamLost(e.to_string());
+        let send = wire::send(&mut self.downstream, reply);
+        if share.is_none() {
+            return send.await.map_err(lost);
+        }
+        let pace = self.ctx.config.write_pace();
+        match tokio::time::timeout(pace.time_for(len), send).await {
+            Ok(sent) => sent.map_err(lost),
+            Err(_) => Err(ProxyError::DownstreamLost(format!(
+                "a reply of {len} bytes was not taken in time (proxy.min_write_rate is {} bytes a second, after {:?})",
+                pace.min_rate, pace.grace
+            ))),
+        }
     }
 
     fn local_id(&mut self) -> i32 {

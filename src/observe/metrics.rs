@@ -74,6 +74,8 @@ pub struct Held {
     pub work: usize,
     /// Messages being read from drivers (`proxy.max_read_bytes`).
     pub read: usize,
+    /// Replies on their way to drivers (`proxy.max_reply_bytes`).
+    pub reply: usize,
 }
 
 /// What came of a read sampled for shadow mode.
@@ -323,6 +325,12 @@ impl Metrics {
                 "gauge",
                 "Bytes of the budget for messages being read held now: messages over 64 KiB (bounded by proxy.max_read_bytes).",
                 i64::try_from(held.read).unwrap_or(i64::MAX),
+            ),
+            (
+                "laconic_reply_bytes",
+                "gauge",
+                "Bytes of the budget for replies held now: replies over 64 KiB being read, rewritten and written back (bounded by proxy.max_reply_bytes).",
+                i64::try_from(held.reply).unwrap_or(i64::MAX),
             ),
         ] {
             family(out, name, kind, help);

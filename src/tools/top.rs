@@ -215,10 +215,11 @@ pub fn view(before: &Scrape, after: &Scrape, secs: f64) -> String {
     );
     let _ = writeln!(
         out,
-        "held         cursors {}, heavy work {}, reading {}",
+        "held         cursors {}, heavy work {}, reading {}, replies {}",
         bytes(after.sum("laconic_cursor_held_bytes", &[])),
         bytes(after.sum("laconic_heavy_work_bytes", &[])),
         bytes(after.sum("laconic_read_bytes", &[])),
+        bytes(after.sum("laconic_reply_bytes", &[])),
     );
     let logical = rate("laconic_document_bytes_total", &[("form", "logical")]);
     let physical = rate("laconic_document_bytes_total", &[("form", "physical")]);
@@ -381,6 +382,7 @@ mod tests {
             crate::observe::Held {
                 work: 2_000_000,
                 read: 70_000,
+                reply: 5_000_000,
             },
         ));
         assert_eq!(after.sum("laconic_requests_total", &[]), 101.0);
@@ -392,7 +394,7 @@ mod tests {
         for line in [
             "connections  1 open, 0.0/s new, 0.0/s refused",
             "requests     50.5/s, errors 0.5/s",
-            "held         cursors 0 B, heavy work 2.0 MB, reading 70.0 kB",
+            "held         cursors 0 B, heavy work 2.0 MB, reading 70.0 kB, replies 5.0 MB",
             "documents    500 B logical, 300 B stored: 40.0% saved",
             "name store   12 names, 0.5/s hits, 0.0/s misses, 0.0/s round trips",
             "  errors      CommandNotSupported: 0.5/s",

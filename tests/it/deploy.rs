@@ -104,8 +104,8 @@ fn the_kubernetes_example_is_a_valid_sidecar_with_probes_tls_and_a_valid_config(
     };
     // The proxy's budgets fit in the limit beside its resting size (about
     // 31 MB, README) and its connections.
-    let budgets =
-        config.proxy.max_held_bytes + config.proxy.max_work_bytes + config.proxy.max_read_bytes;
+    let p = &config.proxy;
+    let budgets = p.max_held_bytes + p.max_work_bytes + p.max_read_bytes + p.max_reply_bytes;
     assert!(
         budgets + (48 << 20) <= limit,
         "budgets of {budgets} bytes in a limit of {limit}"

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use bson::{doc, Document};
+use futures::TryStreamExt;
 use laconic::downstream::ProxyHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -968,6 +969,125 @@ async fn a_message_that_stops_coming_gives_its_share_back() {
     let closed = tokio::time::timeout(Duration::from_secs(5), staller.read(&mut byte)).await;
     assert!(matches!(closed, Ok(Ok(0) | Err(_))), "{closed:?}");
     assert_eq!(c.count_documents(doc! {}).await.unwrap(), 2);
+    child.kill().unwrap();
+    let _ = child.wait();
+}
+
+/// Sixteen documents of about 1 MB each, under a long (tokenized) name:
+/// a `find` of them all is a reply of about 16 MB.
+async fn large_documents(c: &mongodb::Collection<Document>) -> Vec<Document> {
+    let docs: Vec<Document> = (0..16)
+        .map(|i| doc! {"_id": i, "a_rather_long_field_name": format!("{i:x}").repeat(1_000_000)})
+        .collect();
+    c.insert_many(docs.clone()).await.unwrap();
+    docs
+}
+
+/// A connection that asks for all of `c`'s documents in one batch and
+/// reads none of the reply, with a receive buffer of 4 KiB: what the proxy
+/// writes of it stays in the proxy.
+async fn not_reading(addr: &str, c: &mongodb::Collection<Document>) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+    write_frame(&mut s, &op_msg(1, 0, doc! {"hello": 1, "$db": "admin"})).await;
+    read_frame(&mut s).await.expect("a hello reply");
+    let find = doc! {"find": c.name(), "batchSize": 100, "$db": c.namespace().db};
+    write_frame(&mut s, &op_msg(2, 0, find)).await;
+    s
+}
+
+/// Replies on their way to drivers are held within `max_reply_bytes`:
+/// eight connections each ask for a 16 MB batch of tokenized documents and
+/// read none of it. With a budget of 64 MiB (one such reply's share), one
+/// reply is read from the upstream, expanded and written as far as the
+/// driver takes it; the others wait in the upstream's socket buffers, and
+/// a driver's small reads are served meanwhile. Before the budget, the
+/// proxy read and expanded all eight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_stay_within_the_reply_budget() {
+    const BUDGET: u64 = 64 << 20;
+    let (mut child, addr, c) = serving(
+        "replybudget",
+        &format!("max_reply_bytes = {BUDGET}\n\n[proxy.tokenize]\nmin_len = 4"),
+    )
+    .await;
+    let pid = child.id();
+    let docs = large_documents(&c).await;
+    // One read of them all, as the baseline of what the process keeps.
+    let all: Vec<Document> = c.find(doc! {}).await.unwrap().try_collect().await.unwrap();
+    assert_eq!(all, docs);
+    let before = rss_of(pid);
+
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        stalled.push(not_reading(&addr, &c).await);
+    }
+    // Meanwhile, small reads are served.
+    for i in 0..20 {
+        let one = c
+            .find_one(doc! {"_id": i % 16})
+            .projection(doc! {"a_rather_long_field_name": 0})
+            .await
+            .unwrap();
+        assert_eq!(one, Some(doc! {"_id": i % 16}));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held = rss_of(pid);
+    eprintln!("RSS {before} KiB before, {held} KiB with eight replies of 16 MB not taken");
+    assert!(
+        (held - before) << 10 < BUDGET + (16 << 20),
+        "the RSS rose by {} KiB",
+        held - before
+    );
+    // They close; a driver's read of them all is served.
+    drop(stalled);
+    let all: Vec<Document> = c.find(doc! {}).await.unwrap().try_collect().await.unwrap();
+    assert_eq!(all, docs);
+    child.kill().unwrap();
+    let _ = child.wait();
+}
+
+/// A reply holding a share of the reply budget must be taken: one whose
+/// driver reads none of its 16 MB holds the whole budget (16 MiB here)
+/// only until its deadline (1 s of grace, then 100 MB a second: about
+/// 1.2 s), is closed, and another driver's read of the same documents,
+/// which waited for the budget, is then answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_not_taken_gives_its_share_back() {
+    let (mut child, addr, c) = serving(
+        "replypace",
+        "max_reply_bytes = 16777216\nhandshake_timeout_ms = 1000\nmin_write_rate = 100000000\n\n[proxy.tokenize]\nmin_len = 4",
+    )
+    .await;
+    let docs = large_documents(&c).await;
+    let mut staller = not_reading(&addr, &c).await;
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let all = tokio::time::timeout(Duration::from_secs(20), async {
+        c.find(doc! {}).await?.try_collect::<Vec<_>>().await
+    })
+    .await
+    .expect("the read is served once the staller's deadline passes")
+    .unwrap();
+    let waited = started.elapsed();
+    eprintln!("the read was answered {waited:?} after the staller's request");
+    assert_eq!(all, docs);
+    assert!(waited >= Duration::from_millis(1100), "{waited:?}");
+    // The staller's connection was closed before its reply was whole.
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), staller.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => got += n,
+            Err(_) => panic!("the staller's connection is still open ({got} bytes read)"),
+        }
+    }
+    assert!(
+        got < 16_000_000,
+        "{got} bytes of the reply reached the staller"
+    );
     child.kill().unwrap();
     let _ = child.wait();
 }
