@@ -28,7 +28,7 @@ use crate::exchange::{Exchange, SessionState, Step};
 use crate::observe::{escaped, Leg as MetricLeg, Way};
 use crate::shutdown::Shutdown;
 use crate::upstream::Leg;
-use crate::wire::{self, CodecError, Frame, FrameReader, Message, MessageCodec, MsgFlags, OpMsg};
+use crate::wire::{self, CodecError, Frame, FrameReader, MessageCodec, MsgFlags};
 
 type DownstreamConn = Framed<Stream, MessageCodec>;
 
@@ -160,14 +160,14 @@ impl Session {
             Step::Answer(body) => {
                 // A batch held back for a cursor is a reply like the
                 // upstream's: within a share while it is written back.
-                let len = body.as_bytes().len();
+                let len = body.document().as_bytes().len();
                 let share = match len > wire::UNSHARED_MESSAGE {
                     true => Some(self.ctx.replies.share(len).await),
                     false => None,
                 };
                 let id = self.local_id();
-                let msg = OpMsg::from_body(MsgFlags::default(), &body);
-                let reply = Frame::new(id, x.request_frame().header.request_id, Message::Msg(msg));
+                let asked = x.request_frame().header.request_id;
+                let reply = Frame::of_body(id, asked, MsgFlags::default(), body);
                 return self.write_back(x, reply, share).await;
             }
             Step::Forward(out) => out,

@@ -14,13 +14,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::{RawDocument, RawDocumentBuf};
+use bson::RawDocument;
 use dashmap::DashMap;
 
 use crate::error::ProxyError;
 use crate::rewrite::cursor::{self, Held};
 use crate::rewrite::walker::Fields;
 use crate::rewrite::{CursorFact, CursorKind};
+use crate::wire::MsgBody;
 
 /// Held documents of a cursor nobody asks for go when a server would time
 /// the cursor out.
@@ -242,7 +243,7 @@ impl CursorTable {
     /// The proxy's own answer to a `getMore` or `killCursors` of documents
     /// held back, if the request is one. A `killCursors` also forgets the
     /// kinds of the cursors it names. Ownership is checked before.
-    pub fn answer(&self, command: &str, body: &RawDocument) -> Option<RawDocumentBuf> {
+    pub fn answer(&self, command: &str, body: &RawDocument) -> Option<Result<MsgBody, ProxyError>> {
         if command == "killCursors" {
             for id in cursor::kill_cursors_targets(body) {
                 self.kinds.remove(&id);
@@ -281,7 +282,7 @@ impl CursorTable {
                         .iter()
                         .all(|id| self.held.get(id).is_some_and(|h| h.held.upstream_id == 0));
                 self.release(ids.iter().copied());
-                proxy_only.then(|| cursor::kill_cursors_reply(&ids))
+                proxy_only.then(|| Ok(MsgBody::copy_of(&cursor::kill_cursors_reply(&ids))))
             }
             _ => None,
         }
@@ -292,7 +293,7 @@ impl CursorTable {
 mod tests {
     use std::collections::VecDeque;
 
-    use bson::{doc, rawdoc};
+    use bson::{doc, rawdoc, RawDocumentBuf};
 
     use super::*;
 
@@ -358,7 +359,7 @@ mod tests {
         let eve = owner(None, Some(2), 2);
         assert!(table.check("getMore", &get_more, &eve).is_err());
         assert!(table.check("getMore", &get_more, &app).is_ok());
-        table.answer("getMore", &get_more).unwrap();
+        table.answer("getMore", &get_more).unwrap().unwrap();
         assert!(table.held_bytes() < used);
         // Its session ends: everything is released.
         table.sessions_ended(&rawdoc! {"endSessions": [{"id": bson::Binary {

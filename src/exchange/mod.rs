@@ -21,7 +21,6 @@ mod tokens;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bson::RawDocumentBuf;
 use tracing::warn;
 
 pub use auth::RequiresAuth;
@@ -32,7 +31,7 @@ use crate::context::ProxyContext;
 use crate::error::{ProxyError, Side};
 use crate::observe::{Metrics, Shadow, Shadowed};
 use crate::rewrite::{self, LegState, ReplyPlan};
-use crate::wire::{may_compress, Compressor, Frame, Message};
+use crate::wire::{may_compress, Compressor, Frame, Message, MsgBody};
 use tokens::Gate;
 
 /// What a session keeps between exchanges.
@@ -59,7 +58,7 @@ impl SessionState {
 /// What to do with a request.
 pub enum Step {
     /// The proxy answers it itself, with this body.
-    Answer(RawDocumentBuf),
+    Answer(MsgBody),
     /// This goes upstream.
     Forward(Frame),
 }
@@ -171,7 +170,7 @@ impl Exchange {
             // answered here; the upstream is asked again once they are served.
             if let Some(body) = ctx.cursors.answer(&self.command, m.body()) {
                 ctx.metrics.held_bytes(ctx.cursors.held_bytes());
-                return Ok(Step::Answer(body));
+                return Ok(Step::Answer(body?));
             }
             rewrite::admit(&self.frame, &ctx.rewrite)?;
             if self.command == "dropDatabase" {
@@ -308,7 +307,7 @@ impl Exchange {
     /// ⑦ One reply, as the driver must see it.
     pub async fn reply(
         &mut self,
-        ctx: &ProxyContext,
+        ctx: &Arc<ProxyContext>,
         state: &mut SessionState,
         reply: Frame,
     ) -> Result<Frame, ProxyError> {

@@ -3,9 +3,11 @@
 //! write where they go), and a reply holding tokens this proxy has not read
 //! yet is expanded again after one more read of the dictionary.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::auth::Auth;
+use super::INLINE_WORK;
 use crate::context::ProxyContext;
 use crate::error::ProxyError;
 use crate::rewrite::names::Misses;
@@ -211,12 +213,12 @@ pub(super) async fn settle(
 /// (another proxy gave them out since) is expanded again after the
 /// dictionary is read once more.
 pub(super) async fn expand(
-    ctx: &ProxyContext,
+    ctx: &Arc<ProxyContext>,
     reply: Frame,
     plan: &ReplyPlan,
     legs: &mut LegState,
 ) -> Result<Replied, ProxyError> {
-    match rewrite::reply(reply.clone(), plan, legs, &ctx.rewrite) {
+    match rewrite_reply(ctx, reply.clone(), plan, legs).await {
         Err(ProxyError::Dictionary(Integrity::UnknownTokens { scope, .. })) => {
             if let Some(t) = &ctx.rewrite.tokens {
                 t.store.refresh(&scope).await?;
@@ -224,9 +226,31 @@ pub(super) async fn expand(
                     return Err(Integrity::Missing { scope }.into());
                 }
             }
-            rewrite::reply(reply, plan, legs, &ctx.rewrite)
+            rewrite_reply(ctx, reply, plan, legs).await
         }
         other => other,
+    }
+}
+
+/// [`rewrite::reply`]; a rewritten command's reply of more than
+/// [`INLINE_WORK`] is rewritten as heavy work, off the runtime's threads
+/// (expanding 16 MB of tokenized documents takes tens of milliseconds,
+/// which every other session on the thread would wait), within the share
+/// of the budget for replies that it holds.
+async fn rewrite_reply(
+    ctx: &Arc<ProxyContext>,
+    reply: Frame,
+    plan: &ReplyPlan,
+    legs: &mut LegState,
+) -> Result<Replied, ProxyError> {
+    match plan {
+        ReplyPlan::Rewrite(rules) if reply.header.length as usize > INLINE_WORK => {
+            let (work, rules) = (Arc::clone(ctx), rules.clone());
+            ctx.heavy
+                .run_held(move || rewrite::reply_by_rules(reply, &rules, &work.rewrite))
+                .await?
+        }
+        _ => rewrite::reply(reply, plan, legs, &ctx.rewrite),
     }
 }
 

@@ -16,9 +16,11 @@
 
 use std::collections::VecDeque;
 
-use bson::{doc, Bson, Document, RawArrayBuf, RawBsonRef, RawDocument, RawDocumentBuf};
+use bson::{doc, Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use crate::error::ProxyError;
+use crate::rewrite::walker;
+use crate::wire::MsgBody;
 
 /// The largest reply body a server sends (`BSONObjectMaxInternalSize`).
 pub const MAX_REPLY_BODY: usize = 16 * 1024 * 1024 + 16 * 1024;
@@ -57,10 +59,7 @@ fn cursor_of(body: &RawDocument) -> Option<(i64, &str, &'static str, &bson::RawA
 /// body to send, with the id the driver must use for the cursor from now on,
 /// and the documents held back under that id. `None` when the body fits or
 /// is not a cursor reply.
-pub fn split(
-    body: &RawDocument,
-    limit: usize,
-) -> Result<Option<(RawDocumentBuf, i64, Held)>, ProxyError> {
+pub fn split(body: &RawDocument, limit: usize) -> Result<Option<(MsgBody, i64, Held)>, ProxyError> {
     if body.as_bytes().len() <= limit {
         return Ok(None);
     }
@@ -106,49 +105,79 @@ pub fn split(
     Ok(Some((out, client_id, held)))
 }
 
+/// `n` in decimal (an array element's key), written at the end of `buf`.
+fn decimal(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
 fn decimal_len(n: usize) -> usize {
     n.checked_ilog10().map_or(1, |l| l as usize + 1)
 }
 
-/// The reply body with its batch and cursor id replaced, key order kept.
+/// The reply body with its batch and cursor id replaced, key order kept,
+/// written in one pass into the buffer of the message that will carry it.
 fn rebuild(
     body: &RawDocument,
     field: &str,
     docs: &[&RawDocument],
     id: i64,
-) -> Result<RawDocumentBuf, ProxyError> {
-    let invalid = |e: bson::raw::Error| ProxyError::Internal(format!("cursor reply: {e}"));
-    let mut out = RawDocumentBuf::new();
-    for element in body {
-        let (k, v) = element.map_err(invalid)?;
-        if k != "cursor" {
-            out.append_ref(k, v);
+) -> Result<MsgBody, ProxyError> {
+    let invalid = |e: walker::Malformed| ProxyError::Internal(format!("cursor reply: {e}"));
+    // At most the body as it came: the batch is part of the one it held,
+    // and an id of 8 bytes may have been one of 4.
+    let mut out = MsgBody::buffer(body.as_bytes().len() + 4);
+    let start = walker::begin(&mut out);
+    for element in walker::elements(body.as_bytes()) {
+        let e = element.map_err(invalid)?;
+        if e.key != b"cursor" {
+            out.extend_from_slice(e.raw);
             continue;
         }
-        let Some(cursor) = v.as_document() else {
+        if e.kind != DOCUMENT {
             return Err(ProxyError::Internal("cursor is not a document".into()));
-        };
-        let mut c = RawDocumentBuf::new();
-        for element in cursor {
-            let (ck, cv) = element.map_err(invalid)?;
-            match ck {
-                "id" => c.append(ck, id),
-                k if k == field => c.append(k, batch(docs)),
-                _ => c.append_ref(ck, cv),
+        }
+        walker::header(&mut out, DOCUMENT, e.key);
+        let cursor = walker::begin(&mut out);
+        for element in walker::elements(e.value) {
+            let c = element.map_err(invalid)?;
+            match c.key {
+                b"id" => {
+                    walker::header(&mut out, INT64, c.key);
+                    out.extend_from_slice(&id.to_le_bytes());
+                }
+                k if k == field.as_bytes() => write_batch(&mut out, k, docs),
+                _ => out.extend_from_slice(c.raw),
             }
         }
-        out.append(k, c);
+        walker::finish(&mut out, cursor);
     }
-    Ok(out)
+    walker::finish(&mut out, start);
+    MsgBody::new(out).map_err(|e| ProxyError::Internal(format!("cursor reply: {e}")))
 }
 
-fn batch(docs: &[&RawDocument]) -> RawArrayBuf {
-    let mut a = RawArrayBuf::new();
-    for d in docs {
-        a.push((*d).to_owned());
+/// A batch of documents as the array element `key`.
+fn write_batch(out: &mut Vec<u8>, key: &[u8], docs: &[&RawDocument]) {
+    walker::header(out, ARRAY, key);
+    let array = walker::begin(out);
+    let mut digits = [0u8; 20];
+    for (i, d) in docs.iter().enumerate() {
+        walker::header(out, DOCUMENT, decimal(i, &mut digits));
+        out.extend_from_slice(d.as_bytes());
     }
-    a
+    walker::finish(out, array);
 }
+
+const DOCUMENT: u8 = 0x03;
+const ARRAY: u8 = 0x04;
+const INT64: u8 = 0x12;
 
 /// The `getMore` reply served from held documents: as many as `batch_size`
 /// (if given) and `limit` allow, at least one. The cursor stays open while
@@ -158,15 +187,17 @@ pub fn get_more_reply(
     client_id: i64,
     batch_size: Option<usize>,
     limit: usize,
-) -> RawDocumentBuf {
+) -> Result<MsgBody, ProxyError> {
     let mut docs = Vec::new();
     let mut room = limit.saturating_sub(held.ns.len() + 64);
+    let mut size = 0;
     while let Some(d) = held.docs.front() {
         let cost = 1 + decimal_len(docs.len()) + 1 + d.as_bytes().len();
         if !docs.is_empty() && (cost > room || batch_size.is_some_and(|n| docs.len() >= n)) {
             break;
         }
         room = room.saturating_sub(cost);
+        size += cost;
         docs.extend(held.docs.pop_front());
     }
     let id = if held.docs.is_empty() && held.upstream_id == 0 {
@@ -175,14 +206,21 @@ pub fn get_more_reply(
         client_id
     };
     let refs: Vec<&RawDocument> = docs.iter().map(|d| d.as_ref()).collect();
-    let mut cursor = RawDocumentBuf::new();
-    cursor.append("nextBatch", batch(&refs));
-    cursor.append("id", id);
-    cursor.append("ns", held.ns.as_str());
-    let mut body = RawDocumentBuf::new();
-    body.append("cursor", cursor);
-    body.append("ok", 1.0);
-    body
+    // {cursor: {nextBatch: [...], id, ns}, ok: 1.0}
+    let mut out = MsgBody::buffer(size + held.ns.len() + 64);
+    let start = walker::begin(&mut out);
+    walker::header(&mut out, DOCUMENT, b"cursor");
+    let cursor = walker::begin(&mut out);
+    write_batch(&mut out, b"nextBatch", &refs);
+    walker::header(&mut out, INT64, b"id");
+    out.extend_from_slice(&id.to_le_bytes());
+    walker::header(&mut out, 0x02, b"ns");
+    walker::string_value(&mut out, &held.ns);
+    walker::finish(&mut out, cursor);
+    walker::header(&mut out, 0x01, b"ok");
+    out.extend_from_slice(&1.0f64.to_le_bytes());
+    walker::finish(&mut out, start);
+    MsgBody::new(out).map_err(|e| ProxyError::Internal(format!("cursor reply: {e}")))
 }
 
 /// The reply to a `killCursors` of cursors only the proxy serves.
@@ -247,22 +285,24 @@ mod tests {
     fn an_oversized_batch_is_cut_and_the_rest_served_in_order() {
         let body = reply(7, 10, 1000);
         let (out, id, mut held) = split(&body, 3500).unwrap().unwrap();
+        let out = out.document();
         assert!(out.as_bytes().len() <= 3500);
         assert_eq!(id, 7);
-        assert_eq!(ids(&out, "firstBatch"), vec![0, 1, 2]);
+        assert_eq!(ids(out, "firstBatch"), vec![0, 1, 2]);
         assert_eq!(
             out.get_document("cursor").unwrap().get_i64("id").unwrap(),
             7
         );
         let mut seen = Vec::new();
         while !held.docs.is_empty() {
-            let next = get_more_reply(&mut held, id, Some(2), 3500);
+            let next = get_more_reply(&mut held, id, Some(2), 3500).unwrap();
+            let next = next.document();
             assert!(next.as_bytes().len() <= 3500);
             assert_eq!(
                 next.get_document("cursor").unwrap().get_i64("id").unwrap(),
                 7
             );
-            seen.extend(ids(&next, "nextBatch"));
+            seen.extend(ids(next, "nextBatch"));
         }
         assert_eq!(seen, (3..10).collect::<Vec<_>>());
     }
@@ -270,24 +310,57 @@ mod tests {
     #[test]
     fn an_exhausted_upstream_cursor_gets_a_proxy_id_that_closes_when_drained() {
         let (out, id, mut held) = split(&reply(0, 4, 1000), 2500).unwrap().unwrap();
+        let out = out.document();
         assert!(id > 0);
         assert_ne!(id, proxy_cursor_id(), "ids are drawn at random");
         assert_eq!(
             out.get_document("cursor").unwrap().get_i64("id").unwrap(),
             id
         );
-        let next = get_more_reply(&mut held, id, None, 100_000);
-        assert_eq!(ids(&next, "nextBatch"), vec![2, 3]);
+        let next = get_more_reply(&mut held, id, None, 100_000).unwrap();
+        let next = next.document();
+        assert_eq!(ids(next, "nextBatch"), vec![2, 3]);
         assert_eq!(
             next.get_document("cursor").unwrap().get_i64("id").unwrap(),
             0
         );
     }
 
+    /// The cut reply and the `getMore` replies are, byte for byte, what
+    /// the bson crate builds for the same documents: every other field of
+    /// the envelope and the cursor kept, in order.
+    #[test]
+    fn replies_are_written_as_the_bson_crate_would() {
+        let docs: Vec<Document> = (0..12)
+            .map(|i| doc! {"_id": i, "pad": "x".repeat(400)})
+            .collect();
+        let envelope = |field: &str, batch: &[Document], id: i64| {
+            let cursor = doc! {field: batch.to_vec(), "id": id, "ns": "app.c",
+            "postBatchResumeToken": {"_data": "82"}};
+            RawDocumentBuf::from_document(&doc! {
+                "cursor": cursor, "ok": 1.0,
+                "$clusterTime": {"clusterTime": bson::Timestamp {time: 1, increment: 2}},
+                "operationTime": bson::Timestamp {time: 1, increment: 2},
+            })
+            .unwrap()
+        };
+        let (out, id, mut held) = split(&envelope("firstBatch", &docs, 7), 2000)
+            .unwrap()
+            .unwrap();
+        assert_eq!(out.document(), &*envelope("firstBatch", &docs[..4], 7));
+        let next = get_more_reply(&mut held, id, Some(5), 100_000).unwrap();
+        let want = doc! {"cursor": {"nextBatch": docs[4..9].to_vec(), "id": 7_i64, "ns": "app.c"}, "ok": 1.0};
+        assert_eq!(
+            next.document().as_bytes(),
+            RawDocumentBuf::from_document(&want).unwrap().as_bytes()
+        );
+    }
+
     #[test]
     fn a_single_document_larger_than_the_limit_still_travels() {
         let (out, _, held) = split(&reply(9, 2, 5000), 3000).unwrap().unwrap();
-        assert_eq!(ids(&out, "firstBatch"), vec![0]);
+        let out = out.document();
+        assert_eq!(ids(out, "firstBatch"), vec![0]);
         assert_eq!(held.docs.len(), 1);
     }
 }

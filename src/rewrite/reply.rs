@@ -39,78 +39,81 @@ pub fn reply(
     legs: &mut LegState,
     settings: &Settings,
 ) -> Result<Replied, ProxyError> {
-    let mut fact = CursorFact::default();
     match plan {
         ReplyPlan::Forward => Ok(frame.into()),
         ReplyPlan::Hello(h) => hello::reply(frame, h, legs).map(Replied::from),
-        ReplyPlan::Rewrite(rules) => {
-            let Message::Msg(m) = frame.message() else {
-                return Ok(frame.into());
-            };
-            // Tokens first, raw bytes to raw bytes, so that shard-key rules
-            // see logical names.
-            let kind = &rules.kind;
-            if kind.strings != expand::Strings::Data {
-                fact = cursor_fact(m.body(), rules);
-            }
-            let mut body = match (&kind.expand, &settings.tokens) {
-                (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t)?,
-                _ => None,
-            };
-            let current = body.as_ref().map_or(m.body(), MsgBody::document);
-            let restore =
-                rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
-            if restore || rules.shard.hide.is_some() {
-                crate::rewrite::walker::validate(current.as_bytes()).map_err(|e| {
-                    ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
-                })?;
-                let mut doc = command::to_document(current)?;
-                if shard_key::reply(&rules.shard, &mut doc) {
-                    body = Some(MsgBody::copy_of(&command::to_raw(&doc)?));
-                }
-            }
-            let Some(mut body) = body else {
-                return Ok(Replied {
-                    cursor: fact,
-                    ..frame.into()
-                });
-            };
-            // Expansion makes replies larger. A cursor batch is cut to the
-            // server's own limit and the rest held back (`cursor`), unless
-            // the reply is part of an exhaust stream, which has no getMore
-            // to serve the rest from.
-            let mut held = None;
-            if !m.flags.more_to_come() {
-                if let Some((cut, id, rest)) =
-                    cursor::split(body.document(), cursor::MAX_REPLY_BODY)?
-                {
-                    body = MsgBody::copy_of(&cut);
-                    held = Some((id, rest));
-                }
-            }
-            // A driver closes the connection on a message over
-            // maxMessageSizeBytes. Never send one.
-            let grown =
-                m.encoded_len() - m.body().as_bytes().len() + body.document().as_bytes().len();
-            if grown > crate::wire::MAX_MESSAGE_SIZE {
-                return Err(ProxyError::ReplyTooLarge(grown));
-            }
-            // The usual reply, one body and no checksum, is sent from the
-            // buffer the body was written in.
-            let frame = if m.sequences().next().is_none() && !m.flags.checksum_present() {
-                frame.with_body(m.flags, body)
-            } else {
-                let mut m = m.clone();
-                m.set_body(body.document().to_owned());
-                frame.with_message(Message::Msg(m))
-            };
-            Ok(Replied {
-                frame,
-                held,
-                cursor: fact,
-            })
+        ReplyPlan::Rewrite(rules) => by_rules(frame, rules, settings),
+    }
+}
+
+/// Rewrites one decompressed reply to a rewritten command.
+pub fn by_rules(
+    frame: Frame,
+    rules: &ReplyRules,
+    settings: &Settings,
+) -> Result<Replied, ProxyError> {
+    let mut fact = CursorFact::default();
+    let Message::Msg(m) = frame.message() else {
+        return Ok(frame.into());
+    };
+    // Tokens first, raw bytes to raw bytes, so that shard-key rules
+    // see logical names.
+    let kind = &rules.kind;
+    if kind.strings != expand::Strings::Data {
+        fact = cursor_fact(m.body(), rules);
+    }
+    let mut body = match (&kind.expand, &settings.tokens) {
+        (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t)?,
+        _ => None,
+    };
+    let current = body.as_ref().map_or(m.body(), MsgBody::document);
+    let restore = rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
+    if restore || rules.shard.hide.is_some() {
+        crate::rewrite::walker::validate(current.as_bytes()).map_err(|e| {
+            ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
+        })?;
+        let mut doc = command::to_document(current)?;
+        if shard_key::reply(&rules.shard, &mut doc) {
+            body = Some(MsgBody::copy_of(&command::to_raw(&doc)?));
         }
     }
+    let Some(mut body) = body else {
+        return Ok(Replied {
+            cursor: fact,
+            ..frame.into()
+        });
+    };
+    // Expansion makes replies larger. A cursor batch is cut to the
+    // server's own limit and the rest held back (`cursor`), unless
+    // the reply is part of an exhaust stream, which has no getMore
+    // to serve the rest from.
+    let mut held = None;
+    if !m.flags.more_to_come() {
+        if let Some((cut, id, rest)) = cursor::split(body.document(), cursor::MAX_REPLY_BODY)? {
+            body = cut;
+            held = Some((id, rest));
+        }
+    }
+    // A driver closes the connection on a message over
+    // maxMessageSizeBytes. Never send one.
+    let grown = m.encoded_len() - m.body().as_bytes().len() + body.document().as_bytes().len();
+    if grown > crate::wire::MAX_MESSAGE_SIZE {
+        return Err(ProxyError::ReplyTooLarge(grown));
+    }
+    // The usual reply, one body and no checksum, is sent from the
+    // buffer the body was written in.
+    let frame = if m.sequences().next().is_none() && !m.flags.checksum_present() {
+        frame.with_body(m.flags, body)
+    } else {
+        let mut m = m.clone();
+        m.set_body(body.document().to_owned());
+        frame.with_message(Message::Msg(m))
+    };
+    Ok(Replied {
+        frame,
+        held,
+        cursor: fact,
+    })
 }
 
 /// A reply's tokens expanded (`None`: it holds none).

@@ -145,12 +145,18 @@ impl Frame {
     /// (its checksum left out) and one body section: the buffer `body` was
     /// written in is the frame's bytes, so sending it copies nothing more.
     pub fn with_body(&self, flags: MsgFlags, body: MsgBody) -> Frame {
+        Frame::of_body(self.header.request_id, self.header.response_to, flags, body)
+    }
+
+    /// An OP_MSG of `flags` and `body`, sent from the buffer the body was
+    /// written in.
+    pub fn of_body(request_id: i32, response_to: i32, flags: MsgFlags, body: MsgBody) -> Frame {
         let flags = flags.without_checksum();
         let mut buf = body.into_buffer();
         let header = Header {
             length: buf.len() as i32,
-            request_id: self.header.request_id,
-            response_to: self.header.response_to,
+            request_id,
+            response_to,
             op_code: OpCode::Msg as i32,
         };
         let mut prefix = Vec::with_capacity(MsgBody::AT);
