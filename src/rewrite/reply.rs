@@ -68,13 +68,13 @@ pub fn by_rules(
     };
     let current = body.as_ref().map_or(m.body(), MsgBody::document);
     let restore = rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
-    if restore || rules.shard.hide.is_some() {
-        crate::rewrite::walker::validate(current.as_bytes()).map_err(|e| {
+    let hide = rules.shard.hide.as_deref();
+    if restore || hide.is_some() {
+        let restored = shard_key::reply(restore, hide, current.as_bytes()).map_err(|e| {
             ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
         })?;
-        let mut doc = command::to_document(current)?;
-        if shard_key::reply(&rules.shard, &mut doc) {
-            body = Some(MsgBody::copy_of(&command::to_raw(&doc)?));
+        if restored.is_some() {
+            body = restored;
         }
     }
     let Some(mut body) = body else {

@@ -22,6 +22,8 @@ use super::command::Command;
 use crate::config::shard_key::{Rule, Strategy};
 use crate::error::ProxyError;
 use crate::locality;
+use crate::rewrite::walker::{self, Malformed};
+use crate::wire::MsgBody;
 
 /// The binary subtype of a `replace`-strategy value (user-defined range).
 pub const SUBTYPE: u8 = 0x8B;
@@ -459,58 +461,101 @@ fn projection_names(body: &Document, field: &str) -> bool {
         })
 }
 
-/// Rewrites a reply in place; returns whether anything changed.
-pub fn reply(needs: &ReplyNeeds, body: &mut Document) -> bool {
-    let mut changed = false;
-    if needs.restore {
-        changed |= restore(body);
+/// A reply with `replace`-strategy values turned back into their
+/// ObjectIds (`restore`) and the added field `hide` taken out of the
+/// documents it returns (a cursor's batch, `findAndModify`'s `value`),
+/// raw bytes to raw bytes, in one pass into the buffer of the message that
+/// will carry it. `None`: nothing changed.
+pub fn reply(restore: bool, hide: Option<&str>, body: &[u8]) -> Result<Option<MsgBody>, Malformed> {
+    let mut out = MsgBody::buffer(body.len());
+    let wanted = Wanted {
+        restore,
+        hide: hide.map(str::as_bytes),
+    };
+    if !wanted.write(body, Place::Body, 0, &mut out)? {
+        return Ok(None);
     }
-    if let Some(field) = &needs.hide {
-        if let Ok(cursor) = body.get_document_mut("cursor") {
-            for batch in ["firstBatch", "nextBatch"] {
-                if let Ok(docs) = cursor.get_array_mut(batch) {
-                    for d in docs.iter_mut() {
-                        if let Bson::Document(d) = d {
-                            changed |= d.remove(field).is_some();
-                        }
+    MsgBody::new(out)
+        .map(Some)
+        .map_err(|_| Malformed::Invalid("a reply rewritten to a bad length"))
+}
+
+/// What [`reply`] changes.
+struct Wanted<'a> {
+    restore: bool,
+    hide: Option<&'a [u8]>,
+}
+
+/// Where a document is in a reply.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Body,
+    /// The body's `cursor`.
+    Cursor,
+    /// Its `firstBatch` or `nextBatch`.
+    Batch,
+    /// A document returned: one of a batch, or `findAndModify`'s `value`.
+    Returned,
+    Inside,
+}
+
+impl Wanted<'_> {
+    /// Writes `doc` (at `place`, `depth` levels down) to `out`: whether
+    /// anything changed.
+    fn write(
+        &self,
+        doc: &[u8],
+        place: Place,
+        depth: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, Malformed> {
+        let start = walker::begin(out);
+        let mut changed = false;
+        for e in walker::elements(doc) {
+            let e = e?;
+            if place == Place::Returned && self.hide == Some(e.key) {
+                changed = true;
+                continue;
+            }
+            match e.kind {
+                DOCUMENT | ARRAY => {
+                    let inner = match (place, e.key, e.kind) {
+                        (Place::Body, b"cursor", DOCUMENT) => Place::Cursor,
+                        (Place::Body, b"value", DOCUMENT) => Place::Returned,
+                        (Place::Cursor, b"firstBatch" | b"nextBatch", ARRAY) => Place::Batch,
+                        (Place::Batch, _, DOCUMENT) => Place::Returned,
+                        _ => Place::Inside,
+                    };
+                    walker::header(out, e.kind, e.key);
+                    changed |= self.write(e.value, inner, walker::descend(depth)?, out)?;
+                }
+                BINARY if self.restore => match stored_object_id(e.value) {
+                    Some(oid) => {
+                        walker::header(out, OBJECT_ID, e.key);
+                        out.extend_from_slice(&oid);
+                        changed = true;
                     }
-                }
+                    None => out.extend_from_slice(e.raw),
+                },
+                _ => out.extend_from_slice(e.raw),
             }
         }
-        if let Ok(v) = body.get_document_mut("value") {
-            changed |= v.remove(field).is_some();
-        }
+        walker::finish(out, start);
+        Ok(changed)
     }
-    changed
 }
 
-/// Turns every `replace`-strategy value back into its ObjectId.
-fn restore(doc: &mut Document) -> bool {
-    let mut changed = false;
-    for (_, v) in doc.iter_mut() {
-        changed |= restore_value(v);
-    }
-    changed
-}
+const DOCUMENT: u8 = 0x03;
+const ARRAY: u8 = 0x04;
+const BINARY: u8 = 0x05;
+const OBJECT_ID: u8 = 0x07;
 
-fn restore_value(v: &mut Bson) -> bool {
-    match v {
-        Bson::Binary(b)
-            if b.subtype == BinarySubtype::UserDefined(SUBTYPE) && b.bytes.len() == 16 =>
-        {
-            let mut bytes = [0u8; 16];
-            bytes.copy_from_slice(&b.bytes);
-            match locality::to_object_id(&bytes) {
-                Some(oid) => {
-                    *v = Bson::ObjectId(ObjectId::from_bytes(oid));
-                    true
-                }
-                None => false,
-            }
-        }
-        Bson::Document(d) => restore(d),
-        Bson::Array(a) => a.iter_mut().fold(false, |c, x| restore_value(x) | c),
-        _ => false,
+/// The ObjectId a binary value (its length, subtype and bytes) stores
+/// with the `replace` strategy, if it is one.
+fn stored_object_id(value: &[u8]) -> Option<[u8; 12]> {
+    match value {
+        [16, 0, 0, 0, SUBTYPE, uuid @ ..] => locality::to_object_id(uuid.try_into().ok()?),
+        _ => None,
     }
 }
 

@@ -58,18 +58,60 @@ fn replace_rewrites_inserts_equality_in_and_ne_and_restores_replies() {
         &doc! {"$or": [{"_id": stored(a, Mode::Default)}, {"_id": {"$in": [stored(a, Mode::Default), stored(b, Mode::Default)], "$ne": stored(b, Mode::Default)}}]}
     );
 
-    let mut reply = doc! {"cursor": {"firstBatch": [{"_id": stored(a, Mode::Default), "nested": [{"ref": stored(b, Mode::Default)}]}], "id": 0i64}, "ok": 1.0};
-    assert!(super::reply(
-        &ReplyNeeds {
-            restore: true,
-            hide: None
-        },
-        &mut reply
-    ));
-    assert_eq!(
+    let reply = doc! {"cursor": {"firstBatch": [{"_id": stored(a, Mode::Default), "nested": [{"ref": stored(b, Mode::Default)}]}], "id": 0i64}, "ok": 1.0};
+    assert_replied(
+        true,
+        None,
         reply,
-        doc! {"cursor": {"firstBatch": [{"_id": a, "nested": [{"ref": b}]}], "id": 0i64}, "ok": 1.0}
+        doc! {"cursor": {"firstBatch": [{"_id": a, "nested": [{"ref": b}]}], "id": 0i64}, "ok": 1.0},
     );
+}
+
+/// [`super::reply`] of `reply` is `want`, byte for byte (key order too).
+fn assert_replied(restore: bool, hide: Option<&str>, reply: Document, want: Document) {
+    let raw = bson::RawDocumentBuf::from_document(&reply).unwrap();
+    let out = super::reply(restore, hide, raw.as_bytes())
+        .unwrap()
+        .expect("a changed reply");
+    let want = bson::RawDocumentBuf::from_document(&want).unwrap();
+    assert_eq!(out.document(), &*want, "{:?}", out.document());
+}
+
+/// Stored values are restored anywhere in a reply, and nothing else is:
+/// a binary of the subtype but not of 16 bytes stays. The added field is
+/// taken out of returned documents only (a batch's, `findAndModify`'s
+/// `value`), not from deeper ones or the envelope. A reply with nothing
+/// to change is left as it came.
+#[test]
+fn replies_are_restored_raw_where_the_owned_rewrite_restored_them() {
+    let (a, b) = (ObjectId::new(), ObjectId::new());
+    let odd = Bson::Binary(Binary {
+        subtype: BinarySubtype::UserDefined(SUBTYPE),
+        bytes: vec![1; 12],
+    });
+    let reply = doc! {
+        "cursor": {"nextBatch": [
+            {"_lk": 1, "x": {"_lk": 2, "ids": [stored(a, Mode::Default), odd.clone()]}},
+            {"y": stored(b, Mode::Default), "_lk": 3},
+        ], "id": 5i64, "ns": "app.users"},
+        "value": {"_lk": 4, "z": stored(a, Mode::Default)},
+        "_lk": 6,
+        "ok": 1.0,
+    };
+    let want = doc! {
+        "cursor": {"nextBatch": [
+            {"x": {"_lk": 2, "ids": [a, odd.clone()]}},
+            {"y": b},
+        ], "id": 5i64, "ns": "app.users"},
+        "value": {"z": a},
+        "_lk": 6,
+        "ok": 1.0,
+    };
+    assert_replied(true, Some("_lk"), reply, want);
+    let plain = bson::RawDocumentBuf::from_document(&doc! {"n": 1, "x": odd}).unwrap();
+    assert!(super::reply(true, Some("_lk"), plain.as_bytes())
+        .unwrap()
+        .is_none());
 }
 
 #[test]
@@ -144,18 +186,11 @@ fn derive_adds_the_field_pins_queries_and_hides_it() {
     );
     assert!(keys.request(&mut unpinned).is_err());
 
-    let mut reply =
-        doc! {"cursor": {"firstBatch": [{"_id": a, "_lk": derived(a)}], "id": 0i64}, "ok": 1.0};
-    assert!(super::reply(
-        &ReplyNeeds {
-            restore: false,
-            hide: Some("_lk".into())
-        },
-        &mut reply
-    ));
-    assert_eq!(
-        reply,
-        doc! {"cursor": {"firstBatch": [{"_id": a}], "id": 0i64}, "ok": 1.0}
+    assert_replied(
+        false,
+        Some("_lk"),
+        doc! {"cursor": {"firstBatch": [{"_id": a, "_lk": derived(a)}], "id": 0i64}, "ok": 1.0},
+        doc! {"cursor": {"firstBatch": [{"_id": a}], "id": 0i64}, "ok": 1.0},
     );
 }
 
