@@ -19,7 +19,8 @@ use std::collections::VecDeque;
 use bson::{doc, Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use crate::error::ProxyError;
-use crate::rewrite::walker;
+use crate::rewrite::expand::Strings;
+use crate::rewrite::{walker, CursorKind, Expansion};
 use crate::wire::MsgBody;
 
 /// The largest reply body a server sends (`BSONObjectMaxInternalSize`).
@@ -236,6 +237,44 @@ pub fn kill_cursors_reply(ids: &[i64]) -> RawDocumentBuf {
     RawDocumentBuf::from_document(&d).unwrap_or_default()
 }
 
+/// What the batches of a cursor the proxy did not see opened hold (it was
+/// opened through another proxy, or before this one restarted), read from
+/// a reply to its `getMore`, whose documents' kind is `documents`. A
+/// change stream's cursor carries a `postBatchResumeToken`: its batches
+/// are change events, each of a cluster-wide stream (`ns`
+/// `admin.$cmd.aggregate`) with its own database's dictionary. A
+/// `listCollections` cursor (`ns` `<db>.$cmd.listCollections`) holds
+/// collection options, with paths in strings. A `bulkWrite`'s results
+/// (`admin.$cmd.bulkWrite`) cannot be read without the command that asked
+/// for them (each op's database): refused. Any other cursor holds
+/// documents.
+pub fn kind_of_unknown(
+    body: &RawDocument,
+    documents: &CursorKind,
+) -> Result<CursorKind, ProxyError> {
+    let Ok(cursor) = body.get_document("cursor") else {
+        return Ok(documents.clone());
+    };
+    let ns = cursor.get_str("ns").unwrap_or_default();
+    let kind = |strings, expand| CursorKind { strings, expand };
+    if cursor.get("postBatchResumeToken").ok().flatten().is_some() {
+        return Ok(match ns {
+            "admin.$cmd.aggregate" => kind(Strings::Events, Some(Expansion::PerEvent)),
+            _ => kind(Strings::Events, documents.expand.clone()),
+        });
+    }
+    if ns.ends_with(".$cmd.listCollections") {
+        return Ok(kind(Strings::Paths, documents.expand.clone()));
+    }
+    if ns == "admin.$cmd.bulkWrite" {
+        let id = cursor.get_i64("id").unwrap_or_default();
+        return Err(ProxyError::Unsupported(format!(
+            "getMore of bulkWrite cursor {id}, which was opened through another proxy or before this one restarted: its results cannot be read without the bulkWrite; read them through the proxy that ran it"
+        )));
+    }
+    Ok(documents.clone())
+}
+
 /// The cursor id and `batchSize` of a `getMore` body.
 pub fn get_more_target(body: &RawDocument) -> Option<(i64, Option<usize>)> {
     let id = body.get_i64("getMore").ok()?;
@@ -353,6 +392,37 @@ mod tests {
         assert_eq!(
             next.document().as_bytes(),
             RawDocumentBuf::from_document(&want).unwrap().as_bytes()
+        );
+    }
+
+    /// A cursor not seen opened is read as its `getMore` reply says.
+    #[test]
+    fn an_unknown_cursor_is_read_as_its_reply_says() {
+        let documents = CursorKind {
+            strings: Strings::Data,
+            expand: Some(Expansion::One("app".into())),
+        };
+        let kind = |cursor: Document| {
+            let body = RawDocumentBuf::from_document(&doc! {"cursor": cursor, "ok": 1.0}).unwrap();
+            kind_of_unknown(&body, &documents)
+        };
+        let token = doc! {"_data": "82"};
+        let stream = kind(
+            doc! {"nextBatch": [], "postBatchResumeToken": token.clone(), "id": 5_i64, "ns": "app.c"},
+        );
+        assert_eq!(stream.unwrap().strings, Strings::Events);
+        let cluster = kind(doc! {"nextBatch": [], "postBatchResumeToken": token, "id": 5_i64, "ns": "admin.$cmd.aggregate"}).unwrap();
+        assert_eq!(
+            (cluster.strings, cluster.expand),
+            (Strings::Events, Some(Expansion::PerEvent))
+        );
+        let listed = kind(doc! {"nextBatch": [], "id": 5_i64, "ns": "app.$cmd.listCollections"});
+        assert_eq!(listed.unwrap().strings, Strings::Paths);
+        let found = kind(doc! {"nextBatch": [], "id": 5_i64, "ns": "app.c"});
+        assert_eq!(found.unwrap(), documents);
+        let bulk = kind(doc! {"nextBatch": [], "id": 5_i64, "ns": "admin.$cmd.bulkWrite"});
+        assert!(
+            matches!(bulk, Err(ProxyError::Unsupported(m)) if m.contains("bulkWrite cursor 5"))
         );
     }
 

@@ -99,6 +99,11 @@ pub struct ReplyRules {
     pub kind: CursorKind,
     /// The cursor a `getMore` continues, forgotten once it is exhausted.
     pub get_more: Option<i64>,
+    /// That cursor was not seen opened (it was opened through another
+    /// proxy, or before this one restarted): what its batches hold is read
+    /// from the reply ([`cursor::kind_of_unknown`]), `kind` being what a
+    /// cursor of documents would hold.
+    pub unknown_cursor: bool,
 }
 
 /// Per-session state that replies settle and later requests use.

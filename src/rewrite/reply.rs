@@ -3,8 +3,8 @@
 //! rest held for the cursor's next `getMore`.
 
 use super::{
-    command, cursor, expand, hello, shard_key, CursorFact, Expansion, LegState, ReplyPlan,
-    ReplyRules, Settings,
+    command, cursor, expand, hello, shard_key, CursorFact, CursorKind, Expansion, LegState,
+    ReplyPlan, ReplyRules, Settings,
 };
 use crate::error::ProxyError;
 use crate::rewrite::walker::Fields;
@@ -56,11 +56,18 @@ pub fn by_rules(
     let Message::Msg(m) = frame.message() else {
         return Ok(frame.into());
     };
+    let inferred;
+    let kind = match rules.unknown_cursor {
+        true => {
+            inferred = cursor::kind_of_unknown(m.body(), &rules.kind)?;
+            &inferred
+        }
+        false => &rules.kind,
+    };
     // Tokens first, raw bytes to raw bytes, so that shard-key rules
     // see logical names.
-    let kind = &rules.kind;
     if kind.strings != expand::Strings::Data {
-        fact = cursor_fact(m.body(), rules);
+        fact = cursor_fact(m.body(), kind, rules.get_more);
     }
     let mut body = match (&kind.expand, &settings.tokens) {
         (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t)?,
@@ -207,17 +214,17 @@ fn expand_batch(
 
 /// What a reply says of its cursor: the kind of one that stays open, or
 /// the end of the one a `getMore` continued.
-fn cursor_fact(body: &bson::RawDocument, rules: &ReplyRules) -> CursorFact {
+fn cursor_fact(body: &bson::RawDocument, kind: &CursorKind, get_more: Option<i64>) -> CursorFact {
     let Some(id) = body.doc_field("cursor").and_then(|c| c.field("id")?.i64()) else {
         return CursorFact::default();
     };
-    match (id, rules.get_more) {
+    match (id, get_more) {
         (0, done) => CursorFact {
             open: None,
             closed: done,
         },
         (id, _) => CursorFact {
-            open: Some((id, rules.kind.clone())),
+            open: Some((id, kind.clone())),
             closed: None,
         },
     }

@@ -142,7 +142,7 @@ fn rewrite_command(
         hide: settings.tokens.is_some() && streams && collection.is_none(),
         streams,
     };
-    let (kind, scope) = reply_kind(m, name, dbs, settings, kinds)?;
+    let (kind, scope, unknown_cursor) = reply_kind(m, name, dbs, settings, kinds)?;
     let rules = ReplyRules {
         shard: ReplyNeeds {
             restore: keys.restores(),
@@ -152,6 +152,7 @@ fn rewrite_command(
         get_more: (name == "getMore")
             .then(|| body.field("getMore")?.i64())
             .flatten(),
+        unknown_cursor,
     };
     // A bulkWrite's ops each with their database's dictionary; any other
     // command with its scope's.
@@ -434,30 +435,36 @@ fn owned(
     cmd.into_msg(m)
 }
 
-/// How a command's replies are read, and the database whose dictionary
-/// its names are rewritten with (none for a `bulkWrite`, whose ops each
-/// have their own, or a command of no tokenized database).
+/// How a command's replies are read, the database whose dictionary its
+/// names are rewritten with (none for a `bulkWrite`, whose ops each have
+/// their own, or a command of no tokenized database), and whether it is a
+/// `getMore` of a cursor the proxy did not see opened.
 fn reply_kind(
     m: &OpMsg,
     name: &str,
     dbs: &[String],
     settings: &Settings,
     kinds: CursorKinds<'_>,
-) -> Result<(CursorKind, Option<String>), ProxyError> {
+) -> Result<(CursorKind, Option<String>, bool), ProxyError> {
     let body = m.body();
     let Some(t) = settings.tokens.as_ref() else {
-        return Ok((CursorKind::default(), None));
+        return Ok((CursorKind::default(), None, false));
     };
     if name == "getMore" {
-        // A cursor is read as its first batch was; one the proxy does not
-        // know (opened before a restart, or through another proxy) holds
-        // the documents of the getMore's database. A getMore names nothing.
-        let kind = body.field("getMore").and_then(|e| e.i64()).and_then(kinds);
-        let kind = kind.unwrap_or_else(|| CursorKind {
+        // A cursor is read as its first batch was. One the proxy does not
+        // know (opened before a restart, or through another proxy) is read
+        // as its reply says: a cursor of the getMore's database's documents
+        // unless it says otherwise. Of the untokenized databases, only
+        // `admin`'s may hold tokens: a cluster-wide change stream's. A
+        // getMore names nothing.
+        let known = body.field("getMore").and_then(|e| e.i64()).and_then(kinds);
+        let unknown =
+            known.is_none() && (!dbs.is_empty() || body.str_field("$db") == Some("admin"));
+        let kind = known.unwrap_or_else(|| CursorKind {
             strings: expand::Strings::Data,
             expand: dbs.first().map(|db| Expansion::One(db.clone())),
         });
-        return Ok((kind, None));
+        return Ok((kind, None, unknown));
     }
     if name == "bulkWrite" {
         let per_op = mapper::bulk_op_databases(body, &bulk_namespaces(m))
@@ -468,19 +475,19 @@ fn reply_kind(
             strings: expand::Strings::Writes,
             expand: (!dbs.is_empty()).then_some(Expansion::PerOp(per_op)),
         };
-        return Ok((kind, None));
+        return Ok((kind, None, false));
     }
     if let Some(db) = dbs.first() {
         let kind = CursorKind {
             strings: strings_of(name, body),
             expand: Some(Expansion::One(db.clone())),
         };
-        return Ok((kind, Some(db.clone())));
+        return Ok((kind, Some(db.clone()), false));
     }
     if body.str_field("$db") == Some("admin") && name == "aggregate" && opens_change_stream(body) {
-        return cluster_stream(body, t);
+        return cluster_stream(body, t).map(|(kind, scope)| (kind, scope, false));
     }
-    Ok((CursorKind::default(), None))
+    Ok((CursorKind::default(), None, false))
 }
 
 /// Checks a request's body and document sequences before anything parses

@@ -394,3 +394,146 @@ async fn explain_echoes_logical_names() {
     let text = format!("{:?}", seen[0]);
     assert!(text.contains("first_name"), "{text}");
 }
+
+/// One command on a raw connection (no session), and its reply's body.
+async fn run(s: &mut tokio::net::TcpStream, id: i32, body: Document) -> Document {
+    common::write_frame(s, &common::op_msg(id, 0, body)).await;
+    common::body(&common::read_frame(s).await.expect("a reply"))
+}
+
+/// The next batch of cursor `id`, asked for on `s` until it holds something
+/// (a change stream's waiting up to 0.5 s each time).
+async fn next_batch(s: &mut tokio::net::TcpStream, db: &str, coll: Bson, id: i64) -> Vec<Bson> {
+    for i in 0..20 {
+        let mut get_more = doc! {"getMore": id, "collection": coll.clone(), "$db": db};
+        if coll.as_str() != Some("$cmd.listCollections") {
+            get_more.insert("maxTimeMS", 500);
+        }
+        let reply = run(s, 100 + i, get_more).await;
+        let batch = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_array("nextBatch"))
+            .unwrap_or_else(|_| panic!("{reply}"));
+        if !batch.is_empty() {
+            return batch.clone();
+        }
+    }
+    panic!("nothing in cursor {id} after 20 getMores");
+}
+
+/// Behind a load balancer, or after a restart, a driver's `getMore` may
+/// reach a proxy that did not see its cursor opened. That proxy reads the
+/// cursor as its reply says: a change stream's events with their paths
+/// (`removedFields`, the keys of `updatedFields`), a cluster-wide stream's
+/// events each with its database's dictionary, `listCollections`'s
+/// validators with the names in their strings. Before, it read every such
+/// cursor as one of documents: those paths came back as tokens, and a
+/// cluster-wide stream's events were not expanded at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_opened_through_another_proxy_is_read_as_it_was_opened() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 5;
+    config.tokenize.custom_paths = vec!["custom".into()];
+    config.tokenize.store_db = db_name("elsewhere", "store");
+    let (a, b) = (
+        common::start(config.clone()).await,
+        common::start(config).await,
+    );
+    let db = db_name("elsewhere", "app");
+    let via_a = common::via_proxy(&a).await.database(&db);
+    via_a.drop().await.unwrap();
+    via_a
+        .create_collection("people")
+        .validator(doc! {"$jsonSchema": {"required": ["first_name", "custom"]}})
+        .await
+        .unwrap();
+    let people = via_a.collection::<Document>("people");
+    people
+        .insert_one(doc! {"_id": 1, "first_name": "Ada", "middle_name": "B", "custom": {"Favorite Player": "x"}})
+        .await
+        .unwrap();
+    let (mut on_a, mut on_b) = (common::raw_session(&a).await, common::raw_session(&b).await);
+
+    // Streams opened through A, then read through B.
+    let opened = run(
+        &mut on_a,
+        2,
+        doc! {"aggregate": "people", "pipeline": [{"$changeStream": {}}], "cursor": {}, "$db": &db},
+    )
+    .await;
+    let stream = opened
+        .get_document("cursor")
+        .unwrap()
+        .get_i64("id")
+        .unwrap();
+    let opened = run(
+        &mut on_a,
+        3,
+        doc! {"aggregate": 1, "pipeline": [{"$changeStream": {"allChangesForCluster": true}}, {"$match": {"ns.db": &db}}], "cursor": {}, "$db": "admin"},
+    )
+    .await;
+    let cluster = opened
+        .get_document("cursor")
+        .unwrap_or_else(|_| panic!("{opened}"))
+        .get_i64("id")
+        .unwrap();
+    people
+        .update_one(
+            doc! {"_id": 1},
+            doc! {"$set": {"custom.Favorite Player": "y", "first_name": "Bo"}},
+        )
+        .await
+        .unwrap();
+    for (id, stream_db, coll) in [
+        (stream, db.as_str(), Bson::from("people")),
+        (cluster, "admin", Bson::from("$cmd.aggregate")),
+    ] {
+        let batch = next_batch(&mut on_b, stream_db, coll, id).await;
+        let event = batch[0].as_document().unwrap();
+        let desc = event.get_document("updateDescription").unwrap();
+        assert_eq!(
+            desc.get_document("updatedFields").unwrap(),
+            &doc! {"custom.Favorite Player": "y", "first_name": "Bo"},
+            "{stream_db}: {event}"
+        );
+    }
+    // A field removed: its path in removedFields.
+    people
+        .update_one(doc! {"_id": 1}, doc! {"$unset": {"middle_name": ""}})
+        .await
+        .unwrap();
+    let batch = next_batch(&mut on_b, &db, Bson::from("people"), stream).await;
+    let desc = batch[0]
+        .as_document()
+        .unwrap()
+        .get_document("updateDescription")
+        .unwrap();
+    assert_eq!(
+        desc.get_array("removedFields").unwrap(),
+        &vec![Bson::from("middle_name")],
+        "{desc}"
+    );
+
+    // listCollections through A, its getMore through B.
+    let listed = run(
+        &mut on_a,
+        4,
+        doc! {"listCollections": 1, "filter": {"name": "people"}, "cursor": {"batchSize": 0}, "$db": &db},
+    )
+    .await;
+    let id = listed
+        .get_document("cursor")
+        .unwrap()
+        .get_i64("id")
+        .unwrap();
+    let batch = next_batch(&mut on_b, &db, Bson::from("$cmd.listCollections"), id).await;
+    let options = batch[0]
+        .as_document()
+        .unwrap()
+        .get_document("options")
+        .unwrap();
+    assert_eq!(
+        options.get_document("validator").unwrap(),
+        &doc! {"$jsonSchema": {"required": ["first_name", "custom"]}},
+    );
+}
