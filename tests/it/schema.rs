@@ -401,6 +401,15 @@ async fn run(s: &mut tokio::net::TcpStream, id: i32, body: Document) -> Document
     common::body(&common::read_frame(s).await.expect("a reply"))
 }
 
+/// The id of the cursor a command run on `s` opens.
+async fn open_cursor(s: &mut tokio::net::TcpStream, id: i32, body: Document) -> i64 {
+    let reply = run(s, id, body).await;
+    match reply.get_document("cursor").and_then(|c| c.get_i64("id")) {
+        Ok(cursor) => cursor,
+        Err(_) => panic!("no cursor: {reply}"),
+    }
+}
+
 /// The next batch of cursor `id`, asked for on `s` until it holds something
 /// (a change stream's waiting up to 0.5 s each time).
 async fn next_batch(s: &mut tokio::net::TcpStream, db: &str, coll: Bson, id: i64) -> Vec<Bson> {
@@ -455,28 +464,18 @@ async fn a_cursor_opened_through_another_proxy_is_read_as_it_was_opened() {
     let (mut on_a, mut on_b) = (common::raw_session(&a).await, common::raw_session(&b).await);
 
     // Streams opened through A, then read through B.
-    let opened = run(
+    let stream = open_cursor(
         &mut on_a,
         2,
         doc! {"aggregate": "people", "pipeline": [{"$changeStream": {}}], "cursor": {}, "$db": &db},
     )
     .await;
-    let stream = opened
-        .get_document("cursor")
-        .unwrap()
-        .get_i64("id")
-        .unwrap();
-    let opened = run(
+    let cluster = open_cursor(
         &mut on_a,
         3,
         doc! {"aggregate": 1, "pipeline": [{"$changeStream": {"allChangesForCluster": true}}, {"$match": {"ns.db": &db}}], "cursor": {}, "$db": "admin"},
     )
     .await;
-    let cluster = opened
-        .get_document("cursor")
-        .unwrap_or_else(|_| panic!("{opened}"))
-        .get_i64("id")
-        .unwrap();
     people
         .update_one(
             doc! {"_id": 1},
@@ -515,17 +514,12 @@ async fn a_cursor_opened_through_another_proxy_is_read_as_it_was_opened() {
     );
 
     // listCollections through A, its getMore through B.
-    let listed = run(
+    let id = open_cursor(
         &mut on_a,
         4,
         doc! {"listCollections": 1, "filter": {"name": "people"}, "cursor": {"batchSize": 0}, "$db": &db},
     )
     .await;
-    let id = listed
-        .get_document("cursor")
-        .unwrap()
-        .get_i64("id")
-        .unwrap();
     let batch = next_batch(&mut on_b, &db, Bson::from("$cmd.listCollections"), id).await;
     let options = batch[0]
         .as_document()
