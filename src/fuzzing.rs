@@ -13,7 +13,7 @@ use crate::rewrite::expand::{self, Strings};
 use crate::rewrite::mapper::splice::{GiveUp, Owned};
 use crate::rewrite::mapper::{self, Lookup};
 use crate::rewrite::names::Misses;
-use crate::rewrite::{walker, Command};
+use crate::rewrite::{shard_key, walker, Command};
 use crate::token::{Dictionary, Policies, Policy, Recorder};
 use crate::wire::{MsgFlags, OpMsg};
 
@@ -179,7 +179,9 @@ pub fn request(data: &[u8]) {
 }
 
 /// Any reply is expanded or refused, whichever way its strings are read;
-/// any text has its tokens named or left alone.
+/// any text has its tokens named or left alone. The shard-key rewrite of
+/// any reply is refused, or is what parsing it into documents and
+/// rewriting those gives ([`shard_key_oracle`]), byte for byte.
 pub fn reply(data: &[u8]) {
     let dict = dictionary(&[]);
     if let Ok(doc) = RawDocument::from_bytes(data) {
@@ -193,6 +195,73 @@ pub fn reply(data: &[u8]) {
         }
     }
     let _ = expand::expand_text(&String::from_utf8_lossy(data), &dict);
+    for (restore, hide) in [(true, None), (false, Some("_lk")), (true, Some("_lk"))] {
+        let Ok(raw) = shard_key::reply(restore, hide, data) else {
+            continue;
+        };
+        let valid = walker::validate(data).is_ok();
+        let Some(owned) = valid
+            .then(|| crate::rewrite::to_document(RawDocument::from_bytes(data).ok()?).ok())
+            .flatten()
+        else {
+            continue;
+        };
+        let want = shard_key_oracle(owned, restore, hide);
+        let got = raw.map(|b| b.document().to_owned());
+        assert_eq!(got.map(|d| d.into_bytes()), want.map(|d| d.into_bytes()));
+    }
+}
+
+/// The shard-key rewrite of a reply done on documents, as the proxy did
+/// before it was done raw: `None` when nothing changes.
+fn shard_key_oracle(
+    mut doc: bson::Document,
+    restore: bool,
+    hide: Option<&str>,
+) -> Option<RawDocumentBuf> {
+    use bson::{spec::BinarySubtype, Bson};
+    fn restored(v: &mut Bson) -> bool {
+        match v {
+            Bson::Binary(b) if b.subtype == BinarySubtype::UserDefined(shard_key::SUBTYPE) => {
+                let Ok(uuid) = <[u8; 16]>::try_from(b.bytes.as_slice()) else {
+                    return false;
+                };
+                match crate::locality::to_object_id(&uuid) {
+                    Some(oid) => {
+                        *v = Bson::ObjectId(bson::oid::ObjectId::from_bytes(oid));
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Bson::Document(d) => d.iter_mut().fold(false, |c, (_, v)| restored(v) | c),
+            Bson::Array(a) => a.iter_mut().fold(false, |c, v| restored(v) | c),
+            _ => false,
+        }
+    }
+    let mut changed = false;
+    if restore {
+        changed |= doc.iter_mut().fold(false, |c, (_, v)| restored(v) | c);
+    }
+    if let Some(field) = hide {
+        if let Ok(cursor) = doc.get_document_mut("cursor") {
+            for batch in ["firstBatch", "nextBatch"] {
+                if let Ok(docs) = cursor.get_array_mut(batch) {
+                    for d in docs.iter_mut() {
+                        if let Bson::Document(d) = d {
+                            changed |= d.remove(field).is_some();
+                        }
+                    }
+                }
+            }
+        }
+        if let Ok(v) = doc.get_document_mut("value") {
+            changed |= v.remove(field).is_some();
+        }
+    }
+    changed
+        .then(|| RawDocumentBuf::from_document(&doc).ok())
+        .flatten()
 }
 
 #[cfg(test)]
@@ -214,10 +283,24 @@ mod tests {
                 {"update": 0, "filter": {"first_name": "x"}, "updateMods": {"$set": {"last_name": 3}}, "upsert": true},
                 {"delete": 1i64, "filter": {"amount": {"$gt": 1}}},
             ], "nsInfo": [{"ns": "app.c"}, {"ns": "other.c"}]},
+            doc! {"cursor": {"firstBatch": [
+                {"_id": stored(), "_lk": 1, "x": [stored(), {"_lk": 2}]},
+                {"_lk": stored()},
+            ], "id": 0i64, "ns": "app.c"}, "value": {"_lk": stored()}, "_lk": stored(), "ok": 1.0},
         ]
         .iter()
         .map(|d| bson::to_vec(d).unwrap())
         .collect()
+    }
+
+    /// A shard key's ObjectId as the `replace` strategy stores it.
+    fn stored() -> bson::Bson {
+        let oid = bson::oid::ObjectId::parse_str("65a1b2c3d4e5f60718293a4b").unwrap();
+        bson::Bson::Binary(bson::Binary {
+            subtype: bson::spec::BinarySubtype::UserDefined(shard_key::SUBTYPE),
+            bytes: crate::locality::from_object_id(&oid.bytes(), crate::locality::Mode::Default)
+                .to_vec(),
+        })
     }
 
     /// A seed with some of its bytes replaced.
