@@ -61,6 +61,11 @@ impl Budget {
 }
 
 impl Share {
+    /// Adds `other` (of the same budget) to this share.
+    pub fn merge(&mut self, other: Share) {
+        self.held.merge(other.held);
+    }
+
     /// Gives back all of the share but `bytes` (nothing if it holds no
     /// more): for memory freed while the rest is still held.
     pub fn keep(&mut self, bytes: usize) {

@@ -185,8 +185,15 @@ impl Session {
         // ⑥ read replies, ⑦ rewrite them, ⑧ write them back
         while let Some((reply, mut share)) = self.next_reply(x.exhaust()).await? {
             *pending = reply.more_to_come();
-            let reply = x.reply(&self.ctx, &mut self.state, reply).await?;
+            let (reply, taken) = x.reply(&self.ctx, &mut self.state, reply).await?;
             // What rewriting it held is freed; what is written stays.
+            share = match (share, taken) {
+                (Some(mut share), Some(taken)) => {
+                    share.merge(taken);
+                    Some(share)
+                }
+                (share, taken) => share.or(taken),
+            };
             if let Some(share) = &mut share {
                 share.keep(reply.header.length as usize);
             }

@@ -27,6 +27,7 @@ pub use auth::RequiresAuth;
 pub use cursors::{CursorTable, Owner};
 pub use heavy::HeavyWork;
 
+use crate::budget::Share;
 use crate::context::ProxyContext;
 use crate::error::{ProxyError, Side};
 use crate::observe::{Metrics, Shadow, Shadowed};
@@ -310,7 +311,7 @@ impl Exchange {
         ctx: &Arc<ProxyContext>,
         state: &mut SessionState,
         reply: Frame,
-    ) -> Result<Frame, ProxyError> {
+    ) -> Result<(Frame, Option<Share>), ProxyError> {
         let reply = decompress(ctx, reply, Side::Upstream).await?.0;
         if let Some(m) = reply.op_msg() {
             self.moved |= crate::upstream::topology::moved(m.body());
@@ -339,7 +340,7 @@ impl Exchange {
             ctx.metrics.held_bytes(ctx.cursors.held_bytes());
             held?;
         }
-        Ok(frame)
+        Ok((frame, replied.share))
     }
 
     /// Whether a reply said the upstream host is no longer the primary: the

@@ -237,20 +237,34 @@ pub(super) async fn expand(
 /// (expanding 16 MB of tokenized documents takes tens of milliseconds,
 /// which every other session on the thread would wait), within the share
 /// of the budget for replies that it holds.
+///
+/// Its expansion grows within a [`rewrite::Room`]: what the proxy can send
+/// in one reply and still hold for the cursor's `getMore`, taken from the
+/// budget for replies past what the reply's share covers.
 async fn rewrite_reply(
     ctx: &Arc<ProxyContext>,
     reply: Frame,
     plan: &ReplyPlan,
     legs: &mut LegState,
 ) -> Result<Replied, ProxyError> {
+    let stored = reply.header.length as usize;
+    let held_room = ctx
+        .config
+        .max_held_bytes
+        .saturating_sub(ctx.cursors.held_bytes());
+    let room = rewrite::Room::new(
+        ctx.replies.clone(),
+        stored,
+        rewrite::cursor::MAX_REPLY_BODY + held_room,
+    );
     match plan {
-        ReplyPlan::Rewrite(rules) if reply.header.length as usize > INLINE_WORK => {
+        ReplyPlan::Rewrite(rules) if stored > INLINE_WORK => {
             let (work, rules) = (Arc::clone(ctx), rules.clone());
             ctx.heavy
-                .run_held(move || rewrite::reply_by_rules(reply, &rules, &work.rewrite))
+                .run_held(move || rewrite::reply_by_rules(reply, &rules, &work.rewrite, room))
                 .await?
         }
-        _ => rewrite::reply(reply, plan, legs, &ctx.rewrite),
+        _ => rewrite::reply(reply, plan, legs, &ctx.rewrite, room),
     }
 }
 

@@ -25,7 +25,7 @@ use names::Misses;
 use shard_key::{ReplyNeeds, ShardKeys};
 
 pub use hello::{is_hello, MAX_WIRE_VERSION};
-pub use reply::{by_rules as reply_by_rules, reply, Replied};
+pub use reply::{by_rules as reply_by_rules, reply, Replied, Room};
 pub use request::{
     admit, inserted_bytes, request, token_databases, whole_affordable, written_namespaces,
 };

@@ -6,6 +6,7 @@ use super::{
     command, cursor, expand, hello, shard_key, CursorFact, CursorKind, Expansion, LegState,
     ReplyPlan, ReplyRules, Settings,
 };
+use crate::budget::{Budget, Share};
 use crate::error::ProxyError;
 use crate::rewrite::walker::Fields;
 use crate::token::{Integrity, Tokens};
@@ -20,6 +21,9 @@ pub struct Replied {
     /// now knows the cursor by.
     pub held: Option<(i64, cursor::Held)>,
     pub cursor: CursorFact,
+    /// What the expansion took from the budget for replies beyond the
+    /// reply's own share.
+    pub share: Option<Share>,
 }
 
 impl From<Frame> for Replied {
@@ -28,29 +32,121 @@ impl From<Frame> for Replied {
             frame,
             held: None,
             cursor: CursorFact::default(),
+            share: None,
         }
     }
 }
 
-/// Rewrites one decompressed reply according to its request's plan.
+/// The memory a reply's expansion may write its documents in. Names can
+/// make a reply many times its stored size (a name of 10 KB is stored in
+/// two bytes), so the room is not assumed: up to `free` bytes are covered
+/// by what the reply already holds; every byte past that is taken from
+/// the budget for replies (`proxy.max_reply_bytes`) before it is written,
+/// and never more than `most`, what the proxy could send in one reply and
+/// hold for the cursor's next `getMore`. A reply that needs more is
+/// refused before the memory is spent.
+#[derive(Debug)]
+pub struct Room {
+    budget: Budget,
+    free: usize,
+    most: usize,
+    taken: Option<Share>,
+    taken_bytes: usize,
+    /// Bytes already written by earlier documents (a batch expanded one
+    /// document at a time).
+    spent: usize,
+    /// Why the last grant fell short: `Some(true)` the limit, `Some(false)`
+    /// the budget.
+    short: Option<bool>,
+}
+
+/// Output an expansion writes without asking, per stored byte of the reply
+/// (half of what [`crate::upstream`] takes for it), and at least.
+const FREE_PER_BYTE: usize = 4;
+const FREE_AT_LEAST: usize = 1 << 20;
+
+impl Room {
+    /// Room for the expansion of a reply of `stored` bytes, taken from
+    /// `budget` past what it covers, and at most `most` bytes.
+    pub fn new(budget: Budget, stored: usize, most: usize) -> Room {
+        Room {
+            budget,
+            free: (stored * FREE_PER_BYTE).max(FREE_AT_LEAST),
+            most,
+            taken: None,
+            taken_bytes: 0,
+            spent: 0,
+            short: None,
+        }
+    }
+
+    /// How many of the `wanted` bytes the expansion may have.
+    fn grant(&mut self, wanted: usize) -> usize {
+        let have = (self.free.saturating_add(self.taken_bytes)).saturating_sub(self.spent);
+        let want = wanted.min(self.most.saturating_sub(self.spent));
+        if want <= have {
+            if want < wanted {
+                self.short = Some(true);
+            }
+            return want;
+        }
+        match self.budget.try_share(want - have) {
+            Some(share) => {
+                match &mut self.taken {
+                    Some(taken) => taken.merge(share),
+                    None => self.taken = Some(share),
+                }
+                self.taken_bytes += want - have;
+                if want < wanted {
+                    self.short = Some(true);
+                }
+                want
+            }
+            None => {
+                self.short = Some(false);
+                have
+            }
+        }
+    }
+
+    /// Why the expansion of a reply was refused.
+    fn refusal(&self) -> ProxyError {
+        ProxyError::MemoryLimit(match self.short {
+            Some(false) => format!(
+                "the names of this reply's documents need more memory than the proxy's budget for replies has free now (proxy.max_reply_bytes; {} MiB in use): try again, or ask for smaller batches (batchSize)",
+                self.budget.held() >> 20
+            ),
+            _ => format!(
+                "the documents of this reply would be more than {} MiB with their names, more than the proxy can send in one reply and hold for the cursor's next getMore (proxy.max_held_bytes): ask for smaller batches (batchSize)",
+                self.most >> 20
+            ),
+        })
+    }
+}
+
+/// Rewrites one decompressed reply according to its request's plan, its
+/// expansion within `room`.
 pub fn reply(
     frame: Frame,
     plan: &ReplyPlan,
     legs: &mut LegState,
     settings: &Settings,
+    room: Room,
 ) -> Result<Replied, ProxyError> {
     match plan {
         ReplyPlan::Forward => Ok(frame.into()),
         ReplyPlan::Hello(h) => hello::reply(frame, h, legs).map(Replied::from),
-        ReplyPlan::Rewrite(rules) => by_rules(frame, rules, settings),
+        ReplyPlan::Rewrite(rules) => by_rules(frame, rules, settings, room),
     }
 }
 
-/// Rewrites one decompressed reply to a rewritten command.
+/// Rewrites one decompressed reply to a rewritten command, its expansion
+/// within `room`.
 pub fn by_rules(
     frame: Frame,
     rules: &ReplyRules,
     settings: &Settings,
+    mut room: Room,
 ) -> Result<Replied, ProxyError> {
     let mut fact = CursorFact::default();
     let Message::Msg(m) = frame.message() else {
@@ -70,7 +166,7 @@ pub fn by_rules(
         fact = cursor_fact(m.body(), kind, rules.get_more);
     }
     let mut body = match (&kind.expand, &settings.tokens) {
-        (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t)?,
+        (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t, &mut room)?,
         _ => None,
     };
     let current = body.as_ref().map_or(m.body(), MsgBody::document);
@@ -87,6 +183,7 @@ pub fn by_rules(
     let Some(mut body) = body else {
         return Ok(Replied {
             cursor: fact,
+            share: room.taken,
             ..frame.into()
         });
     };
@@ -120,6 +217,7 @@ pub fn by_rules(
         frame,
         held,
         cursor: fact,
+        share: room.taken,
     })
 }
 
@@ -129,6 +227,7 @@ fn expand_tokens(
     expansion: &Expansion,
     strings: expand::Strings,
     t: &Tokens,
+    room: &mut Room,
 ) -> Result<Option<MsgBody>, ProxyError> {
     let dictionary_of = |item: &bson::Document| -> Option<String> {
         match expansion {
@@ -155,11 +254,12 @@ fn expand_tokens(
                 return Ok(None);
             }
             let names = t.store.dictionary(db)?;
-            expand::raw_body_with(body, &*names, strings)
-                .map(Some)
-                .map_err(|e| unreadable(e, db))
+            let expanded = expand::raw_body_within(body, &*names, strings, &mut |n| room.grant(n));
+            expanded.map(Some).map_err(|e| unreadable(e, db, room))
         }
-        Expansion::PerOp(_) | Expansion::PerEvent => expand_batch(body, strings, t, &dictionary_of),
+        Expansion::PerOp(_) | Expansion::PerEvent => {
+            expand_batch(body, strings, t, &dictionary_of, room)
+        }
     }
 }
 
@@ -171,6 +271,7 @@ fn expand_batch(
     strings: expand::Strings,
     t: &Tokens,
     dictionary_of: &dyn Fn(&bson::Document) -> Option<String>,
+    room: &mut Room,
 ) -> Result<Option<MsgBody>, ProxyError> {
     let needed = |raw: &[u8]| strings != expand::Strings::Data || expand::raw::needed(raw);
     if !needed(body.as_bytes()) {
@@ -201,8 +302,9 @@ fn expand_batch(
             continue;
         }
         let names = t.store.dictionary(&db)?;
-        let expanded =
-            expand::raw_document_with(&raw, &*names, strings).map_err(|e| unreadable(e, &db))?;
+        let expanded = expand::raw_document_within(&raw, &*names, strings, &mut |n| room.grant(n));
+        let expanded = expanded.map_err(|e| unreadable(e, &db, room))?;
+        room.spent += expanded.as_bytes().len();
         *d = command::to_document(&expanded)?;
         changed = true;
     }
@@ -231,9 +333,11 @@ fn cursor_fact(body: &bson::RawDocument, kind: &CursorKind, get_more: Option<i64
 }
 
 /// A reply that cannot be expanded: tokens the dictionary lacks (read it
-/// again, or refuse), or bytes the walker cannot go through.
-fn unreadable(e: expand::Unreadable, scope: &str) -> ProxyError {
+/// again, or refuse), names that need more memory than `room` has, or
+/// bytes the walker cannot go through.
+fn unreadable(e: expand::Unreadable, scope: &str, room: &Room) -> ProxyError {
     match e {
+        expand::Unreadable::Room => room.refusal(),
         expand::Unreadable::Unknown(u) => Integrity::UnknownTokens {
             scope: scope.to_owned(),
             count: u.count(),
@@ -242,5 +346,44 @@ fn unreadable(e: expand::Unreadable, scope: &str) -> ProxyError {
         expand::Unreadable::Malformed(m) => {
             ProxyError::Internal(format!("the upstream's reply cannot be read: {m}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a reply's own share covers is granted as it is; past that, each
+    /// byte is taken from the budget, and kept until the reply is written;
+    /// past `most`, or past what the budget has free, no more is granted,
+    /// and the refusal says which.
+    #[test]
+    fn the_room_grows_from_the_budget_up_to_its_limit() {
+        const MIB: usize = 1 << 20;
+        let budget = Budget::new(8 * MIB);
+        let mut room = Room::new(budget.clone(), MIB, 20 * MIB);
+        assert_eq!(room.grant(4 * MIB), 4 * MIB);
+        assert_eq!(budget.held(), 0, "within the reply's own share");
+        assert_eq!(room.grant(10 * MIB), 10 * MIB);
+        assert_eq!(budget.held(), 6 * MIB);
+        // The budget has 2 MiB left: 14 MiB would need 4 more.
+        assert_eq!(room.grant(14 * MIB), 10 * MIB);
+        assert!(room.refusal().to_string().contains("max_reply_bytes"));
+        assert_eq!(room.refusal().code(), (146, "ExceededMemoryLimit"));
+        // What it took is handed on with the reply, and given back with it.
+        let taken = room.taken.take().unwrap();
+        drop(room);
+        assert_eq!(budget.held(), 6 * MIB);
+        drop(taken);
+        assert_eq!(budget.held(), 0);
+
+        // The limit: no more than `most`, whatever the budget has.
+        let mut room = Room::new(Budget::new(1 << 40), MIB, 20 * MIB);
+        assert_eq!(room.grant(32 * MIB), 20 * MIB);
+        assert!(room.refusal().to_string().contains("max_held_bytes"));
+        // A batch expanded a document at a time: what earlier ones wrote
+        // counts.
+        room.spent = 18 * MIB;
+        assert_eq!(room.grant(4 * MIB), 2 * MIB);
     }
 }

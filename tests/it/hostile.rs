@@ -1048,6 +1048,82 @@ async fn replies_stay_within_the_reply_budget() {
     let _ = child.wait();
 }
 
+/// Names can make a reply many times its stored size: a name of 1,000
+/// bytes is stored in two. A reply's expansion grows within what the
+/// proxy could send in one reply and hold for the cursor (16 MiB and
+/// `max_held_bytes`, 4 MiB here), taken from the budget for replies: a
+/// batch whose names would pass that is refused (146) before the memory
+/// is spent, and the same documents read in smaller batches come back
+/// whole. Before, the proxy expanded the whole batch first, and refused
+/// it only then: 96 MB here, a gigabyte for 40 documents of 10 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_names_outgrow_the_room_is_refused_before_it_is_expanded() {
+    let (mut child, _addr, c) = serving(
+        "namesroom",
+        "max_held_bytes = 4194304\n\n[proxy.tokenize]\nmin_len = 4",
+    )
+    .await;
+    let pid = child.id();
+    // 96 documents of 1 MB, each a thousand times one long name, stored
+    // in about 15 KB.
+    let name = "n".repeat(1000);
+    let one =
+        |i: i32| doc! {"_id": i, "a": (0..1000).map(|_| doc! {&name: true}).collect::<Vec<_>>()};
+    for i in 0..96 {
+        c.insert_one(one(i)).await.unwrap();
+    }
+    let before = rss_of(pid);
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let peak = {
+        let sampling = sampling.clone();
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_of(pid));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            peak
+        })
+    };
+    let all = c.find(doc! {}).batch_size(96).await;
+    let e = match all {
+        Ok(cursor) => cursor.try_collect::<Vec<_>>().await.unwrap_err(),
+        Err(e) => e,
+    };
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let peak = peak.await.unwrap();
+    eprintln!("RSS {before} KiB before the read, {peak} KiB at most while it was refused");
+    let e = common::command_error(e);
+    assert_eq!((e.code, e.code_name.as_str()), (146, "ExceededMemoryLimit"));
+    assert!(
+        e.message
+            .starts_with("laconic: the documents of this reply would be more than 20 MiB")
+            && e.message.contains("batchSize"),
+        "{}",
+        e.message
+    );
+    assert!(
+        peak.saturating_sub(before) < 64 << 10,
+        "the RSS rose by {} KiB",
+        peak - before
+    );
+    // In batches of four (4 MB with their names), every name comes back.
+    let read: Vec<Document> = c
+        .find(doc! {})
+        .batch_size(4)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 96);
+    for (i, d) in read.into_iter().enumerate() {
+        assert_eq!(d, one(i as i32));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+}
+
 /// A reply holding a share of the reply budget must be taken: one whose
 /// driver reads none of its 16 MB holds the whole budget (16 MiB here)
 /// only until its deadline (1 s of grace, then 100 MB a second: about

@@ -284,35 +284,50 @@ pub fn raw_document_with<N: Names + ?Sized>(
     names: &N,
     strings: Strings,
 ) -> Result<RawDocumentBuf, Unreadable> {
-    let mut out = Vec::with_capacity(raw::room(doc.as_bytes().len()));
-    expand_into(doc, names, strings, &mut out)?;
-    RawDocumentBuf::from_bytes(out).map_err(|_| expanded_malformed())
+    raw_document_within(doc, names, strings, &mut |n| n)
 }
 
-/// [`raw_document_with`], written in place in the buffer of the message
-/// that will carry it to the driver.
-pub fn raw_body_with<N: Names + ?Sized>(
+/// [`raw_document_with`] within the room `grow` grants (see
+/// [`raw::expand`]).
+pub fn raw_document_within<N: Names + ?Sized>(
     doc: &RawDocument,
     names: &N,
     strings: Strings,
+    grow: &mut dyn FnMut(usize) -> usize,
+) -> Result<RawDocumentBuf, Unreadable> {
+    let mut out = Vec::new();
+    expand_into(doc, names, strings, &mut out, grow)?;
+    RawDocumentBuf::from_bytes(out).map_err(|_| expanded_malformed())
+}
+
+/// [`raw_document_within`], written in place in the buffer of the message
+/// that will carry it to the driver.
+pub fn raw_body_within<N: Names + ?Sized>(
+    doc: &RawDocument,
+    names: &N,
+    strings: Strings,
+    grow: &mut dyn FnMut(usize) -> usize,
 ) -> Result<MsgBody, Unreadable> {
-    let mut out = MsgBody::buffer(raw::room(doc.as_bytes().len()));
-    expand_into(doc, names, strings, &mut out)?;
+    let mut out = MsgBody::buffer(0);
+    expand_into(doc, names, strings, &mut out, grow)?;
     MsgBody::new(out).map_err(|_| expanded_malformed())
 }
 
-/// Appends the expansion of `doc` to `out`.
+/// Appends the expansion of `doc` to `out`, within the room `grow` grants.
 fn expand_into<N: Names + ?Sized>(
     doc: &RawDocument,
     names: &N,
     strings: Strings,
     out: &mut Vec<u8>,
+    grow: &mut dyn FnMut(usize) -> usize,
 ) -> Result<(), Unreadable> {
     let mut unknown = Unknown::default();
     // A reply the walker cannot go through (a server never sends one) is
     // not forwarded: its tokens could not be expanded.
-    raw::expand(doc.as_bytes(), names, strings, &mut unknown, out)
-        .map_err(Unreadable::Malformed)?;
+    raw::expand(doc.as_bytes(), names, strings, &mut unknown, out, grow).map_err(|e| match e {
+        raw::Refused::Malformed(m) => Unreadable::Malformed(m),
+        raw::Refused::Room => Unreadable::Room,
+    })?;
     if !unknown.is_empty() {
         unknown.names.sort_unstable();
         unknown.names.dedup();
@@ -334,5 +349,7 @@ fn expanded_malformed() -> Unreadable {
 pub enum Unreadable {
     /// Tokens the dictionary lacks: read it again, or fail closed.
     Unknown(Unknown),
+    /// Names that would take more memory than the expansion was granted.
+    Room,
     Malformed(crate::rewrite::walker::Malformed),
 }

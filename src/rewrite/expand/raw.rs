@@ -68,18 +68,29 @@ impl Growth {
 }
 
 /// Expands a reply: every key, value tokens, and strings as `strings` says.
+///
+/// The output is written into room that `grow` grants: asked for the
+/// bytes the expansion would like, it answers how many it may have (at
+/// most those). A document that does not fit in all it grants is not
+/// expanded ([`Refused::Room`]).
 pub fn expand<N: Names + ?Sized>(
     doc: &[u8],
     names: &N,
     strings: Strings,
     unknown: &mut Unknown,
     out: &mut Vec<u8>,
-) -> Result<(), Malformed> {
+    grow: &mut dyn FnMut(usize) -> usize,
+) -> Result<(), Refused> {
     let base = out.len();
     let (names_known, values_known) = (unknown.names.len(), unknown.values.len());
-    let mut room = room(doc.len()).max(out.capacity() - base);
+    let mut tried = 0;
+    let mut room = grow(room(doc.len()).max(out.capacity() - base));
     loop {
-        out.resize(base + room, 0);
+        if room <= tried {
+            out.truncate(base);
+            return Err(Refused::Room);
+        }
+        make_room(out, base, room);
         let ran = Expander {
             names,
             unknown: &mut *unknown,
@@ -94,14 +105,40 @@ pub fn expand<N: Names + ?Sized>(
             Err(Stop::Full) => {
                 unknown.names.truncate(names_known);
                 unknown.values.truncate(values_known);
-                room *= 2;
+                tried = room;
+                room = grow(room * 2);
             }
             Err(Stop::Malformed(m)) => {
                 out.truncate(base);
-                return Err(m);
+                return Err(Refused::Malformed(m));
             }
         }
     }
+}
+
+/// Makes `out` `base + room` bytes long, keeping its first `base`. A
+/// buffer too small for that is given back before a larger one is taken
+/// (what it held past `base` is a failed try's), and the new one comes
+/// zeroed from the allocator: what the expansion does not reach of a large
+/// one is never touched.
+fn make_room(out: &mut Vec<u8>, base: usize, room: usize) {
+    if out.capacity() >= base + room {
+        out.resize(base + room, 0);
+        return;
+    }
+    let prefix = out[..base].to_vec();
+    *out = Vec::new();
+    *out = vec![0; base + room];
+    out[..base].copy_from_slice(&prefix);
+}
+
+/// Why a document was not expanded.
+#[derive(Debug)]
+pub enum Refused {
+    /// The walker cannot go through it.
+    Malformed(Malformed),
+    /// Its expansion needs more room than it was granted.
+    Room,
 }
 
 /// Why an expansion stopped: input it cannot go through, or output that
@@ -452,7 +489,15 @@ mod tests {
     ) -> bson::Document {
         let mut out = Vec::new();
         let mut unknown = Unknown::default();
-        expand(&bytes(reply.clone()), dict, strings, &mut unknown, &mut out).unwrap();
+        expand(
+            &bytes(reply.clone()),
+            dict,
+            strings,
+            &mut unknown,
+            &mut out,
+            &mut |n| n,
+        )
+        .unwrap();
         bson::from_slice(&out).unwrap()
     }
 
@@ -480,7 +525,15 @@ mod tests {
         for prefix in [0, 3, 5000] {
             let mut out = vec![0xEE; prefix];
             let mut unknown = Unknown::default();
-            expand(&raw, &known, Strings::Data, &mut unknown, &mut out).unwrap();
+            expand(
+                &raw,
+                &known,
+                Strings::Data,
+                &mut unknown,
+                &mut out,
+                &mut |n| n,
+            )
+            .unwrap();
             assert!(
                 out.len() - prefix > 8 * raw.len(),
                 "{} {}",
@@ -504,10 +557,43 @@ mod tests {
             Strings::Data,
             &mut unknown,
             &mut Vec::new(),
+            &mut |n| n,
         )
         .unwrap();
         assert_eq!(unknown.names.len(), 1, "{:?}", unknown.names);
         assert!(unknown.values.is_empty());
+        // Room granted up to a limit: what fits below it is expanded,
+        // what does not is refused with nothing written, and the room
+        // asked for never passes the limit.
+        let logical_len = bytes(logical.clone()).len();
+        for (most, fits) in [
+            (logical_len, true),
+            (logical_len - 1, false),
+            (raw.len(), false),
+        ] {
+            let mut out = vec![0xEE; 3];
+            let mut asked = Vec::new();
+            let ran = expand(
+                &raw,
+                &known,
+                Strings::Data,
+                &mut Unknown::default(),
+                &mut out,
+                &mut |n| {
+                    asked.push(n);
+                    n.min(most)
+                },
+            );
+            assert_eq!(ran.is_ok(), fits, "{most}: {asked:?}");
+            match fits {
+                true => assert_eq!(
+                    bson::from_slice::<bson::Document>(&out[3..]).unwrap(),
+                    logical
+                ),
+                false => assert_eq!(out, [0xEE; 3]),
+            }
+            assert!(asked.len() <= 6, "{asked:?}");
+        }
     }
 
     /// The room given to a reply follows how much the last ones grew: at

@@ -309,7 +309,15 @@ mod tests {
         // Expanding raw gives the original back, byte for byte.
         let mut back = Vec::new();
         let mut unknown = Unknown::default();
-        expand(&stored, &dict, Strings::Data, &mut unknown, &mut back).unwrap();
+        expand(
+            &stored,
+            &dict,
+            Strings::Data,
+            &mut unknown,
+            &mut back,
+            &mut |n| n,
+        )
+        .unwrap();
         assert_eq!(unknown, Unknown::default());
         assert_eq!(back, raw.as_bytes());
     }
@@ -340,6 +348,7 @@ mod tests {
                 Strings::Data,
                 &mut Unknown::default(),
                 &mut Vec::new(),
+                &mut |n| n,
             );
         }
     }
