@@ -194,7 +194,8 @@ pub struct ProxyConfig {
     pub min_read_rate: u64,
     /// Bytes of upstream replies on their way to drivers, all sessions
     /// together, counting each reply over 64 KiB from its header until it
-    /// is written back, with what rewriting it holds (README, "Replies").
+    /// is written back, with what rewriting it holds, and any reply's
+    /// expansion past 4 times its stored size (README, "Replies").
     pub max_reply_bytes: usize,
     /// Bytes a second a driver must take a reply holding a share of
     /// `max_reply_bytes` at, at least, after `handshake_timeout_ms` of
