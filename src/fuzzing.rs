@@ -195,6 +195,19 @@ pub fn reply(data: &[u8]) {
         ] {
             let _ = expand::raw_document_with(doc, &dict, strings);
         }
+        // Within a room of any size: the whole expansion where it fits,
+        // refused where it does not, never a part.
+        let whole = expand::raw_document_with(doc, &dict, Strings::Data);
+        for most in [0, data.len(), 2 * data.len() + 7] {
+            let within =
+                expand::raw_document_within(doc, &dict, Strings::Data, &mut |n| n.min(most));
+            match (&whole, within) {
+                (Ok(w), Ok(got)) => assert_eq!(w, &got),
+                (Ok(w), Err(expand::Unreadable::Room)) => assert!(w.as_bytes().len() > most),
+                (Ok(_), Err(e)) => panic!("refused within {most} bytes: {e:?}"),
+                (Err(_), got) => assert!(got.is_err()),
+            }
+        }
     }
     let _ = expand::expand_text(&String::from_utf8_lossy(data), &dict);
     for (restore, hide) in [(true, None), (false, Some("_lk")), (true, Some("_lk"))] {
