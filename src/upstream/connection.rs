@@ -166,8 +166,10 @@ pub struct Leg {
 /// cursor reply is cut to. Measured (peak RSS of eight sessions at once):
 /// 2.9 for documents whose names are a few bytes of each, 6.5 for
 /// documents of names and small numbers, which expand to 3.7 times their
-/// stored size; this covers expansions to about 4.5 times. While the reply
-/// is written back, its share is what is written.
+/// stored size; this covers expansions to about 4.5 times, and an
+/// expansion past 4 times takes the rest from the budget as it grows
+/// ([`crate::rewrite::Room`]). While the reply is written back, its share
+/// is what is written.
 const REPLY_HOLDS: usize = 8;
 
 impl Leg {
