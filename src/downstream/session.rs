@@ -157,14 +157,12 @@ impl Session {
             .request(&self.ctx, &mut self.state, &mut self.upstream)
             .await?
         {
-            Step::Answer(body) => {
+            Step::Answer(body, mut share) => {
                 // A batch held back for a cursor is a reply like the
                 // upstream's: within a share while it is written back.
-                let len = body.document().as_bytes().len();
-                let share = match len > wire::UNSHARED_MESSAGE {
-                    true => Some(self.ctx.replies.share(len).await),
-                    false => None,
-                };
+                if let Some(share) = &mut share {
+                    share.keep(body.document().as_bytes().len());
+                }
                 let id = self.local_id();
                 let asked = x.request_frame().header.request_id;
                 let reply = Frame::of_body(id, asked, MsgFlags::default(), body);

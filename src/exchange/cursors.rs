@@ -240,6 +240,20 @@ impl CursorTable {
         Ok(())
     }
 
+    /// At most how large the proxy's answer to this `getMore` would be, if
+    /// it answers it from documents it holds: what a reply's share is taken
+    /// for before they leave the held count (so that, while the answer
+    /// waits for room in the budget for replies, they stay counted).
+    pub fn answer_len(&self, command: &str, body: &RawDocument) -> Option<usize> {
+        if command != "getMore" || self.held.is_empty() {
+            return None;
+        }
+        let (id, _) = cursor::get_more_target(body)?;
+        let held = self.held.get(&id)?.bytes;
+        // The documents, and the reply around them (ids, namespace).
+        Some(held.min(cursor::MAX_REPLY_BODY) + 1024)
+    }
+
     /// The proxy's own answer to a `getMore` or `killCursors` of documents
     /// held back, if the request is one. A `killCursors` also forgets the
     /// kinds of the cursors it names. Ownership is checked before.
@@ -359,8 +373,18 @@ mod tests {
         let eve = owner(None, Some(2), 2);
         assert!(table.check("getMore", &get_more, &eve).is_err());
         assert!(table.check("getMore", &get_more, &app).is_ok());
-        table.answer("getMore", &get_more).unwrap().unwrap();
+        // The answer's share is sized while its documents are still held:
+        // at most all of them, and the reply around them.
+        let bound = table.answer_len("getMore", &get_more).unwrap();
+        assert_eq!(bound, used + 1024);
+        assert_eq!(table.held_bytes(), used);
+        let body = table.answer("getMore", &get_more).unwrap().unwrap();
+        assert!(body.document().as_bytes().len() <= bound);
         assert!(table.held_bytes() < used);
+        // Nothing to size for a cursor it does not hold, or another command.
+        let other = rawdoc! {"getMore": 99_i64, "collection": "c"};
+        assert_eq!(table.answer_len("getMore", &other), None);
+        assert_eq!(table.answer_len("killCursors", &get_more), None);
         // Its session ends: everything is released.
         table.sessions_ended(&rawdoc! {"endSessions": [{"id": bson::Binary {
         subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] }}]});

@@ -58,8 +58,9 @@ impl SessionState {
 
 /// What to do with a request.
 pub enum Step {
-    /// The proxy answers it itself, with this body.
-    Answer(MsgBody),
+    /// The proxy answers it itself, with this body, within this share of
+    /// the budget for replies.
+    Answer(MsgBody, Option<Share>),
     /// This goes upstream.
     Forward(Frame),
 }
@@ -168,10 +169,19 @@ impl Exchange {
                 }
             }
             // A getMore of documents held back from an oversized batch is
-            // answered here; the upstream is asked again once they are served.
+            // answered here; the upstream is asked again once they are
+            // served. Like a reply of the upstream's, the answer is written
+            // within a share of the budget for replies, taken before its
+            // documents leave the held count.
+            let share = match ctx.cursors.answer_len(&self.command, m.body()) {
+                Some(len) if len > crate::wire::UNSHARED_MESSAGE => {
+                    Some(ctx.replies.share(len).await)
+                }
+                _ => None,
+            };
             if let Some(body) = ctx.cursors.answer(&self.command, m.body()) {
                 ctx.metrics.held_bytes(ctx.cursors.held_bytes());
-                return Ok(Step::Answer(body?));
+                return Ok(Step::Answer(body?, share));
             }
             rewrite::admit(&self.frame, &ctx.rewrite)?;
             if self.command == "dropDatabase" {
