@@ -181,7 +181,7 @@ pub fn request(data: &[u8]) {
 /// Any reply is expanded or refused, whichever way its strings are read;
 /// any text has its tokens named or left alone. The shard-key rewrite of
 /// any reply is refused, or is what parsing it into documents and
-/// rewriting those gives ([`shard_key_oracle`]), byte for byte once array
+/// rewriting those gives (`shard_key_oracle`), byte for byte once array
 /// keys are numbered afresh (parsing renumbers an array whose keys are not
 /// 0, 1, 2…; the raw pass forwards them as the upstream sent them).
 pub fn reply(data: &[u8]) {
