@@ -45,9 +45,10 @@ pub enum ProxyError {
     /// refused rather than answered under wrong names.
     #[error(transparent)]
     Dictionary(#[from] crate::token::Integrity),
-    /// A reply that expansion would make larger than a message may be.
-    #[error("the reply would be {0} bytes with logical names, over the 48,000,000-byte message limit; use a smaller batchSize")]
-    ReplyTooLarge(usize),
+    /// A reply that expansion would make larger than a message may be
+    /// (the bytes it would be, or at least be).
+    #[error("the reply would be {} bytes with logical names, over the 48,000,000-byte message limit; use a smaller batchSize", match .1 { true => format!("more than {}", .0), false => .0.to_string() })]
+    ReplyTooLarge(usize, bool),
     /// A request nested deeper than MongoDB accepts (`maxBSONDepth`): the
     /// server's own error.
     #[error("BSONObj exceeds maximum nested object depth")]
@@ -103,7 +104,7 @@ impl ProxyError {
             ProxyError::Store(_) | ProxyError::Dictionary(_) | ProxyError::Migration { .. } => {
                 Side::Upstream
             }
-            ProxyError::ReplyTooLarge(_) => Side::Upstream,
+            ProxyError::ReplyTooLarge(..) => Side::Upstream,
             ProxyError::Internal(_) => Side::Internal,
         }
     }
@@ -134,7 +135,7 @@ impl ProxyError {
             ProxyError::Store(StoreError::Exhausted(_)) => (1, "InternalError"),
             ProxyError::Store(StoreError::TimedOut(_)) => (89, "NetworkTimeout"),
             ProxyError::Store(StoreError::Stale(_)) => (262, "ExceededTimeLimit"),
-            ProxyError::ReplyTooLarge(_) => (10334, "BSONObjectTooLarge"),
+            ProxyError::ReplyTooLarge(..) => (10334, "BSONObjectTooLarge"),
             ProxyError::Internal(_) => (1, "InternalError"),
         }
     }
@@ -165,7 +166,7 @@ impl ProxyError {
                 | ProxyError::Migration { .. }
                 | ProxyError::Store(_)
                 | ProxyError::Dictionary(_)
-                | ProxyError::ReplyTooLarge(_)
+                | ProxyError::ReplyTooLarge(..)
         )
     }
 }

@@ -58,6 +58,8 @@ pub struct Room {
     /// Why the last grant fell short: `Some(true)` the limit, `Some(false)`
     /// the budget.
     short: Option<bool>,
+    /// The limit is the message's: the reply is no cursor batch.
+    whole: bool,
 }
 
 /// Output an expansion writes without asking, per stored byte of the reply
@@ -77,6 +79,15 @@ impl Room {
             taken_bytes: 0,
             spent: 0,
             short: None,
+            whole: false,
+        }
+    }
+
+    /// No more than `most` bytes, for a reply that is sent whole.
+    fn at_most(&mut self, most: usize) {
+        if most < self.most {
+            self.most = most;
+            self.whole = true;
         }
     }
 
@@ -111,6 +122,9 @@ impl Room {
 
     /// Why the expansion of a reply was refused.
     fn refusal(&self) -> ProxyError {
+        if self.whole && self.short == Some(true) {
+            return ProxyError::ReplyTooLarge(self.most, true);
+        }
         ProxyError::MemoryLimit(match self.short {
             Some(false) => format!(
                 "the names of this reply's documents need more memory than the proxy's budget for replies has free now (proxy.max_reply_bytes; {} MiB in use): try again, or ask for smaller batches (batchSize)",
@@ -165,6 +179,11 @@ pub fn by_rules(
     if kind.strings != expand::Strings::Data {
         fact = cursor_fact(m.body(), kind, rules.get_more);
     }
+    // A reply that is no cursor batch cannot be cut and held: it is sent
+    // whole, or refused past the message limit.
+    if m.body().doc_field("cursor").is_none() {
+        room.at_most(crate::wire::MAX_MESSAGE_SIZE);
+    }
     let mut body = match (&kind.expand, &settings.tokens) {
         (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t, &mut room)?,
         _ => None,
@@ -202,7 +221,7 @@ pub fn by_rules(
     // maxMessageSizeBytes. Never send one.
     let grown = m.encoded_len() - m.body().as_bytes().len() + body.document().as_bytes().len();
     if grown > crate::wire::MAX_MESSAGE_SIZE {
-        return Err(ProxyError::ReplyTooLarge(grown));
+        return Err(ProxyError::ReplyTooLarge(grown, false));
     }
     // The usual reply, one body and no checksum, is sent from the
     // buffer the body was written in.
@@ -385,5 +404,15 @@ mod tests {
         // counts.
         room.spent = 18 * MIB;
         assert_eq!(room.grant(4 * MIB), 2 * MIB);
+
+        // A reply sent whole: no more than a message may be.
+        let mut room = Room::new(Budget::new(1 << 40), MIB, 20 * MIB);
+        room.at_most(8 * MIB);
+        assert_eq!(room.grant(10 * MIB), 8 * MIB);
+        assert_eq!(room.refusal().code(), (10334, "BSONObjectTooLarge"));
+        assert!(room
+            .refusal()
+            .to_string()
+            .contains("more than 8388608 bytes"));
     }
 }

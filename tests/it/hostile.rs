@@ -1124,6 +1124,68 @@ async fn a_batch_whose_names_outgrow_the_room_is_refused_before_it_is_expanded()
     let _ = child.wait();
 }
 
+/// An error text echoes values: a duplicate key error prints the key's
+/// value, and a value can hold what reads as keys (control bytes that are
+/// tokens, after a quote of its own). Read as names, 20,000 copies of
+/// such a value (1.2 MB) would make the text 200 MB: its expansion stops
+/// at the message limit, and the command is refused (10334), where the
+/// proxy used to build the whole text first (740 MB of RSS). A server that
+/// escapes the quote (MongoDB prints `\"`) keeps the value a value: the
+/// driver gets the duplicate key error with the value as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_text_that_echoes_a_value_is_expanded_within_the_message_limit() {
+    let (mut child, _addr, c) = serving("textroom", "[proxy.tokenize]\nmin_len = 4").await;
+    let pid = child.id();
+    // A long name, and the names of the first tokens.
+    let long = "k".repeat(10_000);
+    c.insert_one(doc! {"_id": -1, &long: 1, "email": "-"})
+        .await
+        .unwrap();
+    c.create_index(
+        mongodb::IndexModel::builder()
+            .keys(doc! {"email": 1})
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .unique(true)
+                    .build(),
+            )
+            .build(),
+    )
+    .await
+    .unwrap();
+    let tokens: String = (1u8..31).map(|b| format!("{} ", b as char)).collect();
+    let value = format!("\" {}\"", tokens.repeat(20_000));
+    c.insert_one(doc! {"_id": 1, "email": &value})
+        .await
+        .unwrap();
+    let before = rss_of(pid);
+    let e = common::command_error(
+        c.insert_one(doc! {"_id": 2, "email": &value})
+            .await
+            .unwrap_err(),
+    );
+    let after = status_kib(pid, "VmHWM:");
+    eprintln!(
+        "{} {}: RSS {before} KiB before, {after} KiB at most",
+        e.code,
+        &e.message[..80]
+    );
+    match e.code {
+        10334 => assert!(e
+            .message
+            .starts_with("laconic: the reply would be more than 48000000 bytes")),
+        11000 => assert!(e.message.contains(&value), "{}", &e.message[..200]),
+        code => panic!("{code}: {}", &e.message[..200]),
+    }
+    assert!(
+        after.saturating_sub(before) < 300 << 10,
+        "the RSS rose by {} KiB",
+        after - before
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+}
+
 /// A reply holding a share of the reply budget must be taken: one whose
 /// driver reads none of its 16 MB holds the whole budget (16 MiB here)
 /// only until its deadline (1 s of grace, then 100 MB a second: about

@@ -21,8 +21,8 @@ use crate::token::Names;
 pub mod raw;
 mod text;
 
-pub use text::expand_text;
 use text::text_needs_expanding;
+pub use text::{expand_text, expand_text_within};
 
 /// Tokens the cache does not know yet: refresh the store, then expand again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -248,27 +248,43 @@ impl Strings {
     }
 }
 
-/// A string value that spells a path, with its tokens expanded.
+/// A string value that spells a path, with its tokens expanded (`None`:
+/// it holds none), or `Err` once it would be longer than `most` bytes.
 pub(super) fn path_string<N: Names + ?Sized>(
     s: &str,
     names: &N,
     unknown: &mut Vec<String>,
-) -> Option<String> {
+    most: usize,
+) -> Result<Option<String>, TooLong> {
     if !s.bytes().any(|b| starts_token(b) || b == ESCAPE) {
-        return None;
+        return Ok(None);
     }
     let (prefix, rest) = if let Some(var) = s.strip_prefix("$$") {
         match var.split_once('.') {
             Some((v, rest)) => (format!("$${v}."), rest),
-            None => return None,
+            None => return Ok(None),
         }
     } else if let Some(rest) = s.strip_prefix('$') {
         ("$".to_owned(), rest)
     } else {
         (String::new(), s)
     };
-    Some(format!("{prefix}{}", path_key(rest, names, unknown)))
+    // Each part's length first: a string may be any value a command
+    // echoes, each of its parts a token of a long name.
+    let parts: Vec<_> = rest
+        .split('.')
+        .map(|c| component(c, names, unknown))
+        .collect();
+    let len = prefix.len() + parts.iter().map(|p| p.len() + 1).sum::<usize>();
+    if len > most.saturating_add(1) {
+        return Err(TooLong);
+    }
+    Ok(Some(format!("{prefix}{}", parts.join("."))))
 }
+
+/// A string whose expansion would pass the room it was given.
+#[derive(Debug)]
+pub(super) struct TooLong;
 
 /// Expands a raw reply whose strings are data.
 pub fn raw_document<N: Names + ?Sized>(

@@ -259,10 +259,14 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                     && super::text_needs_expanding(&e.value[4..]) =>
                 {
                     let text = string_of(e.value)?;
+                    // No longer than the room left: a string may echo a
+                    // value whose every byte reads as a long name.
+                    let most = out.buf.len() - out.pos;
                     let expanded = if inner == Strings::Paths {
-                        super::path_string(text, names, &mut self.unknown.names)
+                        super::path_string(text, names, &mut self.unknown.names, most)
+                            .map_err(|_| Full)?
                     } else {
-                        Some(super::expand_text(text, names))
+                        Some(super::expand_text_within(text, names, most).ok_or(Full)?)
                     };
                     match expanded {
                         Some(s) => {

@@ -76,9 +76,20 @@ fn print_string(s: &str, out: &mut String) {
 /// the user's key, not a token. (A key kept whole behind one escape,
 /// `a.<control>…`, reads in a text as a path would: its part after the dot
 /// is read as a path's would be.)
+///
+/// A `\` inside quotes escapes the byte after it, as the server prints a
+/// quote that is part of a string (`\"`): a value cannot close the quotes
+/// it is printed in, and have what follows read as keys.
 pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
+    expand_text_within(text, names, usize::MAX).unwrap_or_default()
+}
+
+/// [`expand_text`], or `None` once the text would be longer than `most`
+/// bytes: a text echoes values, and each token read in one may stand for
+/// a long name, so its expansion is bounded by the room its reply has.
+pub fn expand_text_within<N: Names + ?Sized>(text: &str, names: &N, most: usize) -> Option<String> {
     let bytes = text.as_bytes();
-    let mut out = String::with_capacity(text.len() * 2);
+    let mut out = String::with_capacity(text.len().min(most));
     let mut plain = 0;
     let mut i = 0;
     // Whether `bytes[i - 1]` belongs to a word: no key starts at `i` then.
@@ -91,6 +102,11 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
     let mut read_quoted = true;
     while i < bytes.len() {
         let b = bytes[i];
+        if quoted && b == b'\\' {
+            i += 2;
+            in_word = true;
+            continue;
+        }
         if b == b'"' {
             quoted = !quoted;
             read_quoted = depth == 0 || bytes.get(i + 1) == Some(&b'$');
@@ -113,6 +129,9 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
                 if let Some((len, value)) = value_in_text(&bytes[i..], names) {
                     out.push_str(&text[plain..i]);
                     print_string(value, &mut out);
+                    if out.len() > most {
+                        return None;
+                    }
                     i += len;
                     plain = i;
                     in_word = true;
@@ -140,6 +159,9 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
                 ))
             });
             if let Some((len, name)) = found {
+                if out.len() + (i - plain) + name.len() > most {
+                    return None;
+                }
                 out.push_str(&text[plain..i]);
                 out.push_str(name);
                 i += len;
@@ -154,8 +176,11 @@ pub fn expand_text<N: Names + ?Sized>(text: &str, names: &N) -> String {
             || (b.is_ascii_control() && !b.is_ascii_whitespace());
         i += 1;
     }
+    if out.len() + (text.len() - plain) > most {
+        return None;
+    }
     out.push_str(&text[plain..]);
-    out
+    Some(out)
 }
 
 #[cfg(test)]

@@ -309,6 +309,47 @@ fn names_inside_error_messages_are_expanded() {
     assert!(crate::rewrite::expand::raw::needed(raw.as_bytes()));
 }
 
+/// A value printed in an error text cannot close its own quotes: the
+/// server prints a quote inside a string as `\"`, and what follows it is
+/// still the value's, its control bytes left as they are. A text whose
+/// names would take more than the room given is not expanded at all, and
+/// a reply holding one is refused within its room, not grown past it.
+#[test]
+fn an_error_text_is_read_within_its_quotes_and_its_room() {
+    let mut dict = Dict::default();
+    let long = "n".repeat(1000);
+    store(&doc! {"first_name": 1, &long: 1}, &mut dict);
+    let t = |n: &str| dict.token(n).unwrap().as_str().to_owned();
+    let (first, l) = (t("first_name"), t(&long));
+    // The value `x" } { <token>: ` printed by a server that escapes it.
+    let text = format!("dup key: {{ {first}: \"x\\\" }} {{ {l}: \" }}");
+    assert_eq!(
+        expand::expand_text(&text, &dict),
+        format!("dup key: {{ first_name: \"x\\\" }} {{ {l}: \" }}")
+    );
+    // The names of 100 tokens read outside quotes: 100 KB.
+    let many = format!("dup key: {{ {} }}", format!("{l}: 1, ").repeat(100));
+    let whole = expand::expand_text(&many, &dict);
+    assert!(whole.len() > 100_000);
+    assert_eq!(
+        expand::expand_text_within(&many, &dict, whole.len()),
+        Some(whole.clone())
+    );
+    assert_eq!(
+        expand::expand_text_within(&many, &dict, whole.len() - 1),
+        None
+    );
+    let reply =
+        bson::RawDocumentBuf::from_document(&doc! {"ok": 0.0, "errmsg": &many, "code": 11000})
+            .unwrap();
+    let grown = |most: usize| {
+        expand::raw_document_within(&reply, &dict, expand::Strings::Data, &mut |n| n.min(most))
+    };
+    assert!(matches!(grown(64 << 10), Err(expand::Unreadable::Room)));
+    let all = grown(1 << 20).unwrap();
+    assert_eq!(all.get_str("errmsg").unwrap(), whole);
+}
+
 /// A value token in an error text (`BinData(140, <hex>)`, as the server
 /// prints a binary) reads as its string, printed as the server prints a
 /// string value: in quotes, as it is, cut after 150 bytes when longer.
