@@ -9,6 +9,14 @@
 //! authenticated users, in the same logical session if it was opened in
 //! one, and without either only on the same connection. Held documents
 //! have a byte budget for the whole proxy.
+//!
+//! A cursor whose documents were held is known to the driver by a proxy
+//! id from then on ([`cursor::split`]). Once they are served, its
+//! `getMore`s and `killCursors` go upstream under the upstream's id
+//! ([`CursorTable::aliased`]); a proxy without the table's entry (another
+//! one, or this one restarted, or the entry dropped when the held
+//! documents expired) forwards the proxy id as it came, and the server
+//! answers `CursorNotFound` rather than the batch after the held ones.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,7 +26,7 @@ use bson::RawDocument;
 use dashmap::DashMap;
 
 use crate::error::ProxyError;
-use crate::rewrite::cursor::{self, Held};
+use crate::rewrite::cursor::{self, Aliases, Held};
 use crate::rewrite::walker::Fields;
 use crate::rewrite::{CursorFact, CursorKind};
 use crate::wire::MsgBody;
@@ -84,11 +92,21 @@ struct Holding {
     held: Held,
 }
 
+/// The upstream's id of a cursor the driver knows by a proxy id, and when
+/// it was last used.
+#[derive(Debug)]
+struct Alias {
+    upstream: i64,
+    since: Instant,
+}
+
 #[derive(Debug)]
 pub struct CursorTable {
     kinds: DashMap<i64, CursorKind>,
     owners: DashMap<i64, Owner>,
     held: DashMap<i64, Holding>,
+    /// Proxy ids of cursors whose upstream cursor lives.
+    aliases: DashMap<i64, Alias>,
     held_bytes: AtomicUsize,
     max_held_bytes: usize,
 }
@@ -105,6 +123,7 @@ impl CursorTable {
             kinds: DashMap::new(),
             owners: DashMap::new(),
             held: DashMap::new(),
+            aliases: DashMap::new(),
             held_bytes: AtomicUsize::new(0),
             max_held_bytes,
         }
@@ -135,7 +154,8 @@ impl CursorTable {
     }
 
     /// Keeps documents held back for a cursor opened by `owner`, within the
-    /// proxy's budget.
+    /// proxy's budget, under the proxy id `id` the driver now knows the
+    /// cursor by.
     pub fn hold(&self, id: i64, held: Held, owner: &Owner) -> Result<(), ProxyError> {
         self.expire();
         let bytes: usize = held.docs.iter().map(|d| d.as_bytes().len()).sum();
@@ -148,6 +168,12 @@ impl CursorTable {
             )));
         }
         self.owners.insert(id, owner.clone());
+        if held.upstream_id == 0 {
+            self.aliases.remove(&id);
+        } else {
+            let (upstream, since) = (held.upstream_id, Instant::now());
+            self.aliases.insert(id, Alias { upstream, since });
+        }
         let holding = Holding {
             since: Instant::now(),
             bytes,
@@ -159,26 +185,76 @@ impl CursorTable {
         Ok(())
     }
 
-    /// Drops held documents nobody asked for within [`IDLE`].
+    /// Drops held documents nobody asked for within [`IDLE`], and the
+    /// proxy ids of their cursors: a `getMore` of one is then sent upstream
+    /// as it came, and refused there, never continued past the documents
+    /// dropped. Proxy ids unused for as long go too.
     fn expire(&self) {
+        self.expire_at(Instant::now());
+    }
+
+    fn expire_at(&self, now: Instant) {
+        let idle = |since: Instant| now.saturating_duration_since(since) >= IDLE;
         let mut freed = 0;
         self.held.retain(|id, h| {
-            let keep = h.since.elapsed() < IDLE;
+            let keep = !idle(h.since);
             if !keep {
                 freed += h.bytes;
                 self.owners.remove(id);
+                self.aliases.remove(id);
             }
             keep
         });
         self.held_bytes.fetch_sub(freed, Ordering::AcqRel);
+        self.aliases.retain(|id, a| {
+            let keep = !idle(a.since) || self.held.contains_key(id);
+            if !keep {
+                self.owners.remove(id);
+            }
+            keep
+        });
     }
 
-    /// Forgets held documents (and owners) of `ids`.
+    /// The cursors a `getMore` or `killCursors` names by proxy ids whose
+    /// upstream cursor lives, with their upstream ids: what the request
+    /// names upstream, unless the proxy answers it from held documents
+    /// ([`CursorTable::answer`], which must come after).
+    pub fn aliased(&self, command: &str, body: &RawDocument) -> Aliases {
+        if self.aliases.is_empty() {
+            return Aliases::new();
+        }
+        let ids = match command {
+            "getMore" => cursor::get_more_target(body).map(|(id, _)| vec![id]),
+            "killCursors" => Some(cursor::kill_cursors_targets(body)),
+            _ => None,
+        };
+        let now = Instant::now();
+        ids.into_iter()
+            .flatten()
+            .filter_map(|id| {
+                let mut alias = self.aliases.get_mut(&id)?;
+                alias.since = now;
+                Some((id, alias.upstream))
+            })
+            .collect()
+    }
+
+    /// The upstream cursor behind proxy id `id` is exhausted: the id is
+    /// forgotten once no documents are held under it.
+    pub fn exhausted(&self, id: i64) {
+        if !self.held.contains_key(&id) {
+            self.aliases.remove(&id);
+            self.owners.remove(&id);
+        }
+    }
+
+    /// Forgets held documents, proxy ids and owners of `ids`.
     fn release(&self, ids: impl IntoIterator<Item = i64>) {
         for id in ids {
             if let Some((_, h)) = self.held.remove(&id) {
                 self.held_bytes.fetch_sub(h.bytes, Ordering::AcqRel);
             }
+            self.aliases.remove(&id);
             self.owners.remove(&id);
         }
     }
@@ -261,9 +337,13 @@ impl CursorTable {
         if command == "killCursors" {
             for id in cursor::kill_cursors_targets(body) {
                 self.kinds.remove(&id);
+                if let Some(alias) = self.aliases.get(&id) {
+                    self.kinds.remove(&alias.upstream);
+                    self.owners.remove(&alias.upstream);
+                }
             }
         }
-        if self.held.is_empty() {
+        if self.held.is_empty() && self.aliases.is_empty() {
             return None;
         }
         match command {
@@ -326,6 +406,7 @@ mod tests {
                 .map(|i| RawDocumentBuf::from_document(&doc! {"_id": i as i32}).unwrap())
                 .collect::<VecDeque<_>>(),
             upstream_id,
+            resume: None,
         }
     }
 
@@ -406,5 +487,41 @@ mod tests {
         assert!(table
             .answer("getMore", &rawdoc! {"getMore": 2_i64, "collection": "c"})
             .is_some());
+    }
+
+    /// A cursor held under a proxy id goes upstream under the upstream's
+    /// id once its documents are served, until the upstream exhausts it or
+    /// it is killed; when its documents expire, so does the id.
+    #[test]
+    fn a_proxy_id_names_the_upstream_cursor_once_its_documents_are_served() {
+        let table = CursorTable::new(1 << 20);
+        let app = owner(None, Some(1), 1);
+        let get_more = rawdoc! {"getMore": 70_i64, "collection": "c"};
+        assert!(table.aliased("getMore", &get_more).is_empty());
+        table.hold(70, held(2, 7), &app).unwrap();
+        assert_eq!(table.aliased("getMore", &get_more), vec![(70, 7)]);
+        // Served from what is held, then upstream.
+        assert!(table.answer("getMore", &get_more).is_some());
+        assert!(table.answer("getMore", &get_more).is_none());
+        assert_eq!(table.aliased("getMore", &get_more), vec![(70, 7)]);
+        assert!(table
+            .check("getMore", &get_more, &owner(None, Some(2), 2))
+            .is_err());
+        // The upstream exhausted it.
+        table.exhausted(70);
+        assert!(table.aliased("getMore", &get_more).is_empty());
+        // Killed: forwarded under the upstream's id, and forgotten.
+        table.hold(71, held(1, 8), &app).unwrap();
+        let kill = rawdoc! {"killCursors": "c", "cursors": [71_i64, 5_i64]};
+        assert_eq!(table.aliased("killCursors", &kill), vec![(71, 8)]);
+        assert!(table.answer("killCursors", &kill).is_none());
+        assert!(table.aliased("killCursors", &kill).is_empty());
+        assert_eq!(table.held_bytes(), 0);
+        // Its documents expired: the id goes with them.
+        table.hold(72, held(1, 9), &app).unwrap();
+        table.expire_at(Instant::now() + IDLE);
+        let get_more = rawdoc! {"getMore": 72_i64, "collection": "c"};
+        assert!(table.aliased("getMore", &get_more).is_empty());
+        assert!(table.answer("getMore", &get_more).is_none());
     }
 }

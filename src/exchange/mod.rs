@@ -77,6 +77,9 @@ pub struct Exchange {
     shadowed: Option<Frame>,
     /// Who sends it: the owner of the cursors it opens.
     owner: Owner,
+    /// The cursors it names by proxy ids, sent upstream under the
+    /// upstream's ids.
+    aliases: rewrite::cursor::Aliases,
     /// A reply said the upstream host stopped being the primary.
     moved: bool,
     answered: bool,
@@ -112,6 +115,7 @@ impl Exchange {
             plan: ReplyPlan::Forward,
             shadowed: None,
             owner: Owner::default(),
+            aliases: Vec::new(),
             moved: false,
             answered: false,
             _timer,
@@ -145,6 +149,7 @@ impl Exchange {
         leg: &mut crate::upstream::Leg,
     ) -> Result<Step, ProxyError> {
         let mut gate = Gate::Rewrite;
+        let mut renamed = None;
         // The tokenized databases the command's names belong to, read once.
         let dbs = self
             .frame
@@ -170,9 +175,11 @@ impl Exchange {
             }
             // A getMore of documents held back from an oversized batch is
             // answered here; the upstream is asked again once they are
-            // served. Like a reply of the upstream's, the answer is written
-            // within a share of the budget for replies, taken before its
-            // documents leave the held count.
+            // served, under the upstream's id for the cursor. Like a reply
+            // of the upstream's, the answer is written within a share of
+            // the budget for replies, taken before its documents leave the
+            // held count.
+            let aliases = ctx.cursors.aliased(&self.command, m.body());
             let share = match ctx.cursors.answer_len(&self.command, m.body()) {
                 Some(len) if len > crate::wire::UNSHARED_MESSAGE => {
                     Some(ctx.replies.share(len).await)
@@ -183,6 +190,17 @@ impl Exchange {
                 ctx.metrics.held_bytes(ctx.cursors.held_bytes());
                 return Ok(Step::Answer(body?, share));
             }
+            if !aliases.is_empty() {
+                let to_upstream = |id| aliases.iter().find(|a| a.0 == id).map(|a| a.1);
+                // A body the walker cannot read goes as it came, and is
+                // refused upstream.
+                if let Ok(Some(body)) = rewrite::cursor::rename_ids(m.body(), to_upstream) {
+                    let mut upstream = m.clone();
+                    upstream.set_body(body.document().to_owned());
+                    renamed = Some(self.frame.with_message(Message::Msg(upstream)));
+                }
+                self.aliases = aliases;
+            }
             rewrite::admit(&self.frame, &ctx.rewrite)?;
             if self.command == "dropDatabase" {
                 // It names nothing, and a database refused for its
@@ -191,6 +209,9 @@ impl Exchange {
             } else if !rewrite::is_hello(&self.command) {
                 gate = tokens::admit(ctx, &dbs, &state.auth).await?;
             }
+        }
+        if let Some(renamed) = renamed {
+            self.frame = renamed;
         }
         if gate == Gate::Rewrite {
             if let Some(f) = self.rewritten(ctx, state, leg, &dbs).await? {
@@ -304,6 +325,19 @@ impl Exchange {
     }
 
     fn forward(&mut self, ctx: &ProxyContext, out: Frame) -> Result<Step, ProxyError> {
+        if !self.aliases.is_empty() {
+            // Its replies name the cursors by the proxy's ids again.
+            let aliases = self.aliases.clone();
+            match &mut self.plan {
+                ReplyPlan::Rewrite(rules) => rules.aliases = aliases,
+                plan => {
+                    *plan = ReplyPlan::Rewrite(rewrite::ReplyRules {
+                        aliases,
+                        ..Default::default()
+                    })
+                }
+            }
+        }
         if self.command == "insert" && ctx.rewrite.tokens.is_some() && ctx.metrics.enabled() {
             tokens::count_documents(ctx, &self.frame, &out);
         }
@@ -345,6 +379,13 @@ impl Exchange {
             }
         }
         ctx.cursors.learn(&replied.cursor, &self.owner);
+        if let (Some(&(proxy, _)), None, "getMore") =
+            (self.aliases.first(), &replied.held, self.command.as_str())
+        {
+            if cursor_id(&frame) == Some(0) {
+                ctx.cursors.exhausted(proxy);
+            }
+        }
         if let Some((id, held)) = replied.held {
             let held = ctx.cursors.hold(id, held, &self.owner);
             ctx.metrics.held_bytes(ctx.cursors.held_bytes());
@@ -384,6 +425,17 @@ impl Exchange {
             _ => Ok(reply),
         }
     }
+}
+
+/// The cursor id a reply gives.
+fn cursor_id(reply: &Frame) -> Option<i64> {
+    use rewrite::walker::Fields;
+    reply
+        .op_msg()?
+        .body()
+        .doc_field("cursor")?
+        .field("id")?
+        .i64()
 }
 
 /// Compares a sampled read's answer with the shadow deployment's, in the

@@ -6,9 +6,15 @@
 //! the connection on a message over `maxMessageSizeBytes`, so the proxy keeps
 //! to the server's own limit: the batch is cut where it fills, and the rest
 //! is held back and served, in order, by the cursor's next `getMore`s before
-//! the upstream is asked for more. When the upstream cursor was already
-//! exhausted, the driver is given a proxy cursor id (see [`proxy_cursor_id`])
-//! that `getMore` and `killCursors` are answered for by the proxy itself.
+//! the upstream is asked for more. The driver is then given a proxy cursor
+//! id (see [`proxy_cursor_id`]): while documents are held, the proxy
+//! answers its `getMore`s; once they are served, and if the upstream cursor
+//! lives, its `getMore`s and `killCursors` go upstream under the upstream's
+//! id ([`rename_ids`]). A proxy that does not hold the documents (another
+//! one, or this one restarted) sends that id upstream as it came, and the
+//! server answers `CursorNotFound`: the driver never reads past documents
+//! it was not given. A change stream's batch that is cut is resumable from
+//! the last event sent (its `postBatchResumeToken` is that event's `_id`).
 //!
 //! Everything here is pure: the session keeps the held batches (shared by
 //! every connection, since a driver may send `getMore` on any of its
@@ -20,7 +26,8 @@ use bson::{doc, Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use crate::error::ProxyError;
 use crate::rewrite::expand::Strings;
-use crate::rewrite::{walker, CursorKind, Expansion};
+use crate::rewrite::walker::{self, Fields};
+use crate::rewrite::{CursorKind, Expansion};
 use crate::wire::MsgBody;
 
 /// The largest reply body a server sends (`BSONObjectMaxInternalSize`).
@@ -33,6 +40,82 @@ pub struct Held {
     pub docs: VecDeque<RawDocumentBuf>,
     /// The upstream's cursor id; 0 once the upstream cursor is exhausted.
     pub upstream_id: i64,
+    /// A change stream's `postBatchResumeToken` for the whole batch the
+    /// documents were cut from (its type and value): sent with the part
+    /// that ends the batch. The parts before it carry their last event's
+    /// `_id`, from which the stream resumes just after that event.
+    pub resume: Option<(u8, Vec<u8>)>,
+}
+
+/// Cursor ids the driver knows by the proxy's ids: `(proxy id, upstream
+/// id)` pairs.
+pub type Aliases = Vec<(i64, i64)>;
+
+/// `body` (a command or a reply) with the cursor ids it names renamed by
+/// `rename`, where it names one: a `getMore`'s, a `killCursors`'
+/// `cursors`, a reply's `cursor.id` and `cursorsKilled`, `cursorsNotFound`,
+/// `cursorsAlive` and `cursorsUnknown`. `None` when `rename` renames none.
+/// An id is eight bytes either way: the rest of the body stays as it came.
+pub fn rename_ids(
+    body: &RawDocument,
+    rename: impl Fn(i64) -> Option<i64>,
+) -> Result<Option<MsgBody>, walker::Malformed> {
+    let bytes = body.as_bytes();
+    let mut places = Vec::new();
+    for e in walker::elements(bytes) {
+        let e = e?;
+        let at = e.value_at();
+        match (e.key, e.kind) {
+            (b"getMore", INT64) => places.push(at),
+            (b"cursor", DOCUMENT) => {
+                for c in walker::elements(e.value) {
+                    let c = c?;
+                    if c.key == b"id" && c.kind == INT64 {
+                        places.push(at + c.value_at());
+                    }
+                }
+            }
+            (
+                b"cursors" | b"cursorsKilled" | b"cursorsNotFound" | b"cursorsAlive"
+                | b"cursorsUnknown",
+                ARRAY,
+            ) => {
+                for c in walker::elements(e.value) {
+                    let c = c?;
+                    if c.kind == INT64 {
+                        places.push(at + c.value_at());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out: Option<Vec<u8>> = None;
+    for at in places {
+        let id = i64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
+        if let Some(new) = rename(id) {
+            let out = out.get_or_insert_with(|| {
+                let mut buf = MsgBody::buffer(bytes.len());
+                buf.extend_from_slice(bytes);
+                buf
+            });
+            let at = MsgBody::AT + at;
+            out[at..at + 8].copy_from_slice(&new.to_le_bytes());
+        }
+    }
+    // Eight bytes replaced by eight: still the document it was.
+    Ok(out.and_then(|b| MsgBody::new(b).ok()))
+}
+
+/// A change event's `_id` (its resume token), as a type and value.
+fn resume_token_of(event: &RawDocument) -> Result<(u8, Vec<u8>), ProxyError> {
+    walker::elements(event.as_bytes())
+        .map_while(Result::ok)
+        .find(|e| e.key == b"_id")
+        .map(|e| (e.kind, e.value.to_vec()))
+        .ok_or_else(|| {
+            ProxyError::Internal("a change event without _id cannot be cut from its batch".into())
+        })
 }
 
 /// A fresh cursor id for a cursor the proxy alone still serves: random and
@@ -57,10 +140,15 @@ fn cursor_of(body: &RawDocument) -> Option<(i64, &str, &'static str, &bson::RawA
 }
 
 /// Cuts an expanded cursor reply that exceeds `limit` bytes. Returns the
-/// body to send, with the id the driver must use for the cursor from now on,
+/// body to send, with the id the driver must use for the cursor from now on
+/// (`known`, the proxy id the driver already uses for it, or a fresh one),
 /// and the documents held back under that id. `None` when the body fits or
 /// is not a cursor reply.
-pub fn split(body: &RawDocument, limit: usize) -> Result<Option<(MsgBody, i64, Held)>, ProxyError> {
+pub fn split(
+    body: &RawDocument,
+    limit: usize,
+    known: Option<i64>,
+) -> Result<Option<(MsgBody, i64, Held)>, ProxyError> {
     if body.as_bytes().len() <= limit {
         return Ok(None);
     }
@@ -92,17 +180,22 @@ pub fn split(body: &RawDocument, limit: usize) -> Result<Option<(MsgBody, i64, H
     if keep == docs.len() {
         return Ok(None);
     }
-    let client_id = if upstream_id == 0 {
-        proxy_cursor_id()
-    } else {
-        upstream_id
+    let client_id = known.unwrap_or_else(proxy_cursor_id);
+    let resume = body
+        .doc_field("cursor")
+        .and_then(|c| c.field("postBatchResumeToken"))
+        .map(|t| (t.kind, t.value.to_vec()));
+    let cut_at = match resume {
+        Some(_) => Some(resume_token_of(docs[keep - 1])?),
+        None => None,
     };
     let held = Held {
         ns: ns.to_owned(),
         docs: docs[keep..].iter().map(|d| (*d).to_owned()).collect(),
         upstream_id,
+        resume,
     };
-    let out = rebuild(body, field, &docs[..keep], client_id)?;
+    let out = rebuild(body, field, &docs[..keep], client_id, cut_at.as_ref())?;
     Ok(Some((out, client_id, held)))
 }
 
@@ -123,18 +216,22 @@ fn decimal_len(n: usize) -> usize {
     n.checked_ilog10().map_or(1, |l| l as usize + 1)
 }
 
-/// The reply body with its batch and cursor id replaced, key order kept,
-/// written in one pass into the buffer of the message that will carry it.
+/// The reply body with its batch, cursor id and (a change stream's)
+/// `postBatchResumeToken` replaced, key order kept, written in one pass
+/// into the buffer of the message that will carry it.
 fn rebuild(
     body: &RawDocument,
     field: &str,
     docs: &[&RawDocument],
     id: i64,
+    resume: Option<&(u8, Vec<u8>)>,
 ) -> Result<MsgBody, ProxyError> {
     let invalid = |e: walker::Malformed| ProxyError::Internal(format!("cursor reply: {e}"));
-    // At most the body as it came: the batch is part of the one it held,
-    // and an id of 8 bytes may have been one of 4.
-    let mut out = MsgBody::buffer(body.as_bytes().len() + 4);
+    // About the body as it came: the batch is part of the one it held, an
+    // id of 8 bytes may have been one of 4, and the resume token is one
+    // of the batch's.
+    let extra = resume.map_or(0, |(_, v)| v.len());
+    let mut out = MsgBody::buffer(body.as_bytes().len() + 4 + extra);
     let start = walker::begin(&mut out);
     for element in walker::elements(body.as_bytes()) {
         let e = element.map_err(invalid)?;
@@ -155,6 +252,13 @@ fn rebuild(
                     out.extend_from_slice(&id.to_le_bytes());
                 }
                 k if k == field.as_bytes() => write_batch(&mut out, k, docs),
+                b"postBatchResumeToken" => match resume {
+                    Some((kind, value)) => {
+                        walker::header(&mut out, *kind, c.key);
+                        out.extend_from_slice(value);
+                    }
+                    None => out.extend_from_slice(c.raw),
+                },
                 _ => out.extend_from_slice(c.raw),
             }
         }
@@ -182,7 +286,9 @@ const INT64: u8 = 0x12;
 
 /// The `getMore` reply served from held documents: as many as `batch_size`
 /// (if given) and `limit` allow, at least one. The cursor stays open while
-/// documents are held or the upstream cursor lives.
+/// documents are held or the upstream cursor lives. A change stream's
+/// part carries its last event's `_id` as its `postBatchResumeToken`, and
+/// the last part the token of the batch it was cut from.
 pub fn get_more_reply(
     held: &mut Held,
     client_id: i64,
@@ -190,7 +296,10 @@ pub fn get_more_reply(
     limit: usize,
 ) -> Result<MsgBody, ProxyError> {
     let mut docs = Vec::new();
-    let mut room = limit.saturating_sub(held.ns.len() + 64);
+    // Room for the envelope, and a change stream's resume token (an
+    // event's `_id` may be a little longer than the batch's token).
+    let token_room = held.resume.as_ref().map_or(0, |(_, v)| 2 * v.len() + 64);
+    let mut room = limit.saturating_sub(held.ns.len() + 64 + token_room);
     let mut size = 0;
     while let Some(d) = held.docs.front() {
         let cost = 1 + decimal_len(docs.len()) + 1 + d.as_bytes().len();
@@ -206,13 +315,23 @@ pub fn get_more_reply(
     } else {
         client_id
     };
+    let resume = match (&held.resume, docs.last()) {
+        (Some(whole), _) if held.docs.is_empty() => Some(whole.clone()),
+        (Some(_), Some(last)) => Some(resume_token_of(last)?),
+        _ => None,
+    };
     let refs: Vec<&RawDocument> = docs.iter().map(|d| d.as_ref()).collect();
-    // {cursor: {nextBatch: [...], id, ns}, ok: 1.0}
-    let mut out = MsgBody::buffer(size + held.ns.len() + 64);
+    // {cursor: {nextBatch: [...], postBatchResumeToken, id, ns}, ok: 1.0}
+    let token_len = resume.as_ref().map_or(0, |(_, v)| v.len() + 22);
+    let mut out = MsgBody::buffer(size + token_len + held.ns.len() + 64);
     let start = walker::begin(&mut out);
     walker::header(&mut out, DOCUMENT, b"cursor");
     let cursor = walker::begin(&mut out);
     write_batch(&mut out, b"nextBatch", &refs);
+    if let Some((kind, value)) = &resume {
+        walker::header(&mut out, *kind, b"postBatchResumeToken");
+        out.extend_from_slice(value);
+    }
     walker::header(&mut out, INT64, b"id");
     out.extend_from_slice(&id.to_le_bytes());
     walker::header(&mut out, 0x02, b"ns");
@@ -317,20 +436,23 @@ mod tests {
 
     #[test]
     fn a_batch_that_fits_is_left_alone() {
-        assert!(split(&reply(7, 10, 100), 10_000).unwrap().is_none());
+        assert!(split(&reply(7, 10, 100), 10_000, None).unwrap().is_none());
     }
 
+    /// The cut batch names its cursor by a proxy id, never the upstream's:
+    /// a proxy that does not hold the rest cannot continue it past them.
     #[test]
     fn an_oversized_batch_is_cut_and_the_rest_served_in_order() {
         let body = reply(7, 10, 1000);
-        let (out, id, mut held) = split(&body, 3500).unwrap().unwrap();
+        let (out, id, mut held) = split(&body, 3500, None).unwrap().unwrap();
         let out = out.document();
         assert!(out.as_bytes().len() <= 3500);
-        assert_eq!(id, 7);
+        assert!(id > 0 && id != 7, "a proxy id: {id}");
+        assert_eq!(held.upstream_id, 7);
         assert_eq!(ids(out, "firstBatch"), vec![0, 1, 2]);
         assert_eq!(
             out.get_document("cursor").unwrap().get_i64("id").unwrap(),
-            7
+            id
         );
         let mut seen = Vec::new();
         while !held.docs.is_empty() {
@@ -339,16 +461,95 @@ mod tests {
             assert!(next.as_bytes().len() <= 3500);
             assert_eq!(
                 next.get_document("cursor").unwrap().get_i64("id").unwrap(),
-                7
+                id
             );
             seen.extend(ids(next, "nextBatch"));
         }
         assert_eq!(seen, (3..10).collect::<Vec<_>>());
+        // A batch cut again keeps the id the driver already has.
+        let (_, again, _) = split(&body, 3500, Some(id)).unwrap().unwrap();
+        assert_eq!(again, id);
+    }
+
+    /// A change stream's batch that is cut can be resumed from the last
+    /// event each part gives: its `postBatchResumeToken` is that event's
+    /// `_id`, and only the part that ends the batch carries the batch's.
+    #[test]
+    fn a_cut_change_stream_batch_resumes_from_the_last_event_sent() {
+        let events: Vec<Bson> = (0..10)
+            .map(|i| {
+                Bson::Document(doc! {"_id": {"_data": format!("8{i}")}, "pad": "x".repeat(1000)})
+            })
+            .collect();
+        let batch_end = doc! {"_data": "8Z"};
+        let body = RawDocumentBuf::from_document(&doc! {
+            "cursor": {"nextBatch": events, "postBatchResumeToken": batch_end.clone(), "id": 7_i64, "ns": "app.c"},
+            "ok": 1.0,
+        })
+        .unwrap();
+        let token = |body: &RawDocument| {
+            let cursor = body.get_document("cursor").unwrap();
+            let token = cursor.get_document("postBatchResumeToken").unwrap();
+            let keys: Vec<String> = cursor.iter().map(|e| e.unwrap().0.to_owned()).collect();
+            (token.get_str("_data").unwrap().to_owned(), keys)
+        };
+        let (out, id, mut held) = split(&body, 3500, None).unwrap().unwrap();
+        let keys: Vec<String> = ["nextBatch", "postBatchResumeToken", "id", "ns"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(token(out.document()), ("82".to_owned(), keys.clone()));
+        let mut tokens = Vec::new();
+        while !held.docs.is_empty() {
+            let next = get_more_reply(&mut held, id, Some(3), 1 << 20).unwrap();
+            let (t, k) = token(next.document());
+            assert_eq!(k, keys);
+            tokens.push(t);
+        }
+        assert_eq!(tokens, ["85", "88", "8Z"]);
+    }
+
+    /// Cursor ids are renamed where commands and replies name them, and
+    /// nowhere else.
+    #[test]
+    fn cursor_ids_are_renamed_where_they_are_named() {
+        let rename = |id| (id == 7).then_some(70);
+        let renamed = |d: Document| {
+            let raw = RawDocumentBuf::from_document(&d).unwrap();
+            rename_ids(&raw, rename)
+                .unwrap()
+                .map(|b| Document::try_from(b.document()).unwrap())
+        };
+        assert_eq!(
+            renamed(doc! {"getMore": 7_i64, "collection": "c", "batchSize": 7_i64}),
+            Some(doc! {"getMore": 70_i64, "collection": "c", "batchSize": 7_i64})
+        );
+        assert_eq!(
+            renamed(doc! {"killCursors": "c", "cursors": [5_i64, 7_i64]}),
+            Some(doc! {"killCursors": "c", "cursors": [5_i64, 70_i64]})
+        );
+        assert_eq!(
+            renamed(
+                doc! {"cursor": {"nextBatch": [{"id": 7_i64}], "id": 7_i64, "ns": "a.c"}, "ok": 1.0}
+            ),
+            Some(
+                doc! {"cursor": {"nextBatch": [{"id": 7_i64}], "id": 70_i64, "ns": "a.c"}, "ok": 1.0}
+            )
+        );
+        assert_eq!(
+            renamed(
+                doc! {"cursorsKilled": [7_i64], "cursorsNotFound": [], "cursorsAlive": [], "cursorsUnknown": [], "ok": 1.0}
+            ),
+            Some(
+                doc! {"cursorsKilled": [70_i64], "cursorsNotFound": [], "cursorsAlive": [], "cursorsUnknown": [], "ok": 1.0}
+            )
+        );
+        assert_eq!(renamed(doc! {"getMore": 8_i64, "collection": "c"}), None);
+        assert_eq!(renamed(doc! {"n": 7_i64, "id": 7_i64}), None);
     }
 
     #[test]
     fn an_exhausted_upstream_cursor_gets_a_proxy_id_that_closes_when_drained() {
-        let (out, id, mut held) = split(&reply(0, 4, 1000), 2500).unwrap().unwrap();
+        let (out, id, mut held) = split(&reply(0, 4, 1000), 2500, None).unwrap().unwrap();
         let out = out.document();
         assert!(id > 0);
         assert_ne!(id, proxy_cursor_id(), "ids are drawn at random");
@@ -373,9 +574,9 @@ mod tests {
         let docs: Vec<Document> = (0..12)
             .map(|i| doc! {"_id": i, "pad": "x".repeat(400)})
             .collect();
-        let envelope = |field: &str, batch: &[Document], id: i64| {
+        let envelope = |field: &str, batch: &[Document], id: i64, resume: Bson| {
             let cursor = doc! {field: batch.to_vec(), "id": id, "ns": "app.c",
-            "postBatchResumeToken": {"_data": "82"}};
+            "postBatchResumeToken": resume};
             RawDocumentBuf::from_document(&doc! {
                 "cursor": cursor, "ok": 1.0,
                 "$clusterTime": {"clusterTime": bson::Timestamp {time: 1, increment: 2}},
@@ -383,12 +584,15 @@ mod tests {
             })
             .unwrap()
         };
-        let (out, id, mut held) = split(&envelope("firstBatch", &docs, 7), 2000)
+        let whole = Bson::Document(doc! {"_data": "82"});
+        let (out, id, mut held) = split(&envelope("firstBatch", &docs, 7, whole), 2000, Some(7))
             .unwrap()
             .unwrap();
-        assert_eq!(out.document(), &*envelope("firstBatch", &docs[..4], 7));
+        // The resume token is the last event's `_id` (an int here).
+        let cut = envelope("firstBatch", &docs[..4], 7, Bson::Int32(3));
+        assert_eq!(out.document(), &*cut);
         let next = get_more_reply(&mut held, id, Some(5), 100_000).unwrap();
-        let want = doc! {"cursor": {"nextBatch": docs[4..9].to_vec(), "id": 7_i64, "ns": "app.c"}, "ok": 1.0};
+        let want = doc! {"cursor": {"nextBatch": docs[4..9].to_vec(), "postBatchResumeToken": 8, "id": 7_i64, "ns": "app.c"}, "ok": 1.0};
         assert_eq!(
             next.document().as_bytes(),
             RawDocumentBuf::from_document(&want).unwrap().as_bytes()
@@ -428,7 +632,7 @@ mod tests {
 
     #[test]
     fn a_single_document_larger_than_the_limit_still_travels() {
-        let (out, _, held) = split(&reply(9, 2, 5000), 3000).unwrap().unwrap();
+        let (out, _, held) = split(&reply(9, 2, 5000), 3000, None).unwrap().unwrap();
         let out = out.document();
         assert_eq!(ids(out, "firstBatch"), vec![0]);
         assert_eq!(held.docs.len(), 1);

@@ -104,6 +104,10 @@ pub struct ReplyRules {
     /// from the reply ([`cursor::kind_of_unknown`]), `kind` being what a
     /// cursor of documents would hold.
     pub unknown_cursor: bool,
+    /// Cursors the driver knows by proxy ids, which the request named by
+    /// their upstream ids ([`cursor::rename_ids`]): the replies name them
+    /// by the proxy's ids again.
+    pub aliases: cursor::Aliases,
 }
 
 /// Per-session state that replies settle and later requests use.

@@ -199,24 +199,36 @@ pub fn by_rules(
             body = restored;
         }
     }
-    let Some(mut body) = body else {
+    // Expansion makes replies larger. A cursor batch is cut to the
+    // server's own limit and the rest held back (`cursor`), unless
+    // the reply is part of an exhaust stream, which has no getMore
+    // to serve the rest from.
+    let mut held = None;
+    if let (Some(expanded), false) = (&body, m.flags.more_to_come()) {
+        let known = rules.aliases.first().map(|&(proxy, _)| proxy);
+        let cut = cursor::split(expanded.document(), cursor::MAX_REPLY_BODY, known)?;
+        if let Some((cut, id, rest)) = cut {
+            body = Some(cut);
+            held = Some((id, rest));
+        }
+    }
+    // Cursor ids the driver knows by the proxy's own are given back so.
+    if held.is_none() && !rules.aliases.is_empty() {
+        let current = body.as_ref().map_or(m.body(), MsgBody::document);
+        let to_proxy = |id| rules.aliases.iter().find(|a| a.1 == id).map(|a| a.0);
+        if let Some(renamed) = cursor::rename_ids(current, to_proxy).map_err(|e| {
+            ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
+        })? {
+            body = Some(renamed);
+        }
+    }
+    let Some(body) = body else {
         return Ok(Replied {
             cursor: fact,
             share: room.taken,
             ..frame.into()
         });
     };
-    // Expansion makes replies larger. A cursor batch is cut to the
-    // server's own limit and the rest held back (`cursor`), unless
-    // the reply is part of an exhaust stream, which has no getMore
-    // to serve the rest from.
-    let mut held = None;
-    if !m.flags.more_to_come() {
-        if let Some((cut, id, rest)) = cursor::split(body.document(), cursor::MAX_REPLY_BODY)? {
-            body = cut;
-            held = Some((id, rest));
-        }
-    }
     // A driver closes the connection on a message over
     // maxMessageSizeBytes. Never send one.
     let grown = m.encoded_len() - m.body().as_bytes().len() + body.document().as_bytes().len();

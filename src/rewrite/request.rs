@@ -153,6 +153,7 @@ fn rewrite_command(
             .then(|| body.field("getMore")?.i64())
             .flatten(),
         unknown_cursor,
+        aliases: Vec::new(),
     };
     // A bulkWrite's ops each with their database's dictionary; any other
     // command with its scope's.

@@ -339,24 +339,10 @@ async fn batches_that_outgrow_the_reply_limit_are_cut_and_the_rest_served_by_get
         .database(&db_name("tokbig", "proxy"))
         .collection::<Document>("c");
     c.drop().await.unwrap();
-    // 60 documents of 1,000 keys of 1,000 bytes: 60 MB with names, about
-    // 0.6 MB stored, so one server batch expands far past 16 MB.
-    let names: Vec<String> = (0..1000)
-        .map(|i| format!("{i:04}{}", "n".repeat(996)))
-        .collect();
-    let doc_for = |d: i32| {
-        let mut doc = doc! {"_id": d};
-        for n in &names {
-            doc.insert(n.clone(), d);
-        }
-        doc
-    };
-    for chunk in (0..60).collect::<Vec<i32>>().chunks(20) {
-        c.insert_many(chunk.iter().map(|&d| doc_for(d)))
-            .await
-            .unwrap();
-    }
-    let expected: Vec<Document> = (0..60).map(doc_for).collect();
+    // 60 documents of 1 MB with names, so one server batch expands far past
+    // 16 MB.
+    insert_wide(&c, 60).await;
+    let expected: Vec<Document> = (0..60).map(wide_document).collect();
     // The upstream cursor stays open (batch of 40 out of 60): the held
     // documents come first, then the upstream's next batch.
     // The upstream cursor is exhausted by its first batch: the proxy serves
@@ -373,6 +359,18 @@ async fn batches_that_outgrow_the_reply_limit_are_cut_and_the_rest_served_by_get
             .unwrap();
         assert!(got == expected, "batch size {batch}: documents differ");
     }
+    // The first batch empty, the next one cut: the driver takes the proxy's
+    // id for the cursor from a getMore's reply.
+    let got: Vec<Document> = c
+        .aggregate(vec![doc! {"$sort": {"_id": 1}}])
+        .batch_size(0)
+        .await
+        .unwrap()
+        .with_type::<Document>()
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(got == expected, "aggregate: documents differ");
     // A cursor dropped early is killed; the connection goes on working.
     {
         let mut cursor = c.find(doc! {}).batch_size(60).await.unwrap();
@@ -380,6 +378,194 @@ async fn batches_that_outgrow_the_reply_limit_are_cut_and_the_rest_served_by_get
     }
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(c.count_documents(doc! {}).await.unwrap(), 60);
+}
+
+/// Document `d` of 1,000 keys of 1,000 bytes: 1 MB with names, about 10 KB
+/// stored by a proxy with `min_len` 100.
+fn wide_document(d: i32) -> Document {
+    let mut doc = doc! {"_id": d};
+    for i in 0..1000 {
+        doc.insert(format!("{i:04}{}", "n".repeat(996)), d);
+    }
+    doc
+}
+
+/// Inserts documents 0 to `n - 1`, 20 at a time.
+async fn insert_wide(c: &mongodb::Collection<Document>, n: i32) {
+    for chunk in (0..n).collect::<Vec<i32>>().chunks(20) {
+        c.insert_many(chunk.iter().map(|&d| wide_document(d)))
+            .await
+            .unwrap();
+    }
+}
+
+/// The `_id`s of a cursor reply's batch, its cursor id and its
+/// `postBatchResumeToken`.
+fn batch_of(reply: &Document) -> (Vec<Bson>, i64, Option<Document>) {
+    let cursor = reply.get_document("cursor").unwrap();
+    let batch = cursor
+        .get_array("firstBatch")
+        .or_else(|_| cursor.get_array("nextBatch"))
+        .unwrap();
+    let ids = batch
+        .iter()
+        .map(|d| {
+            let d = d.as_document().unwrap();
+            // A change event's document's `_id`, or the document's.
+            d.get_document("fullDocument")
+                .unwrap_or(d)
+                .get("_id")
+                .unwrap()
+                .clone()
+        })
+        .collect();
+    let token = cursor.get_document("postBatchResumeToken").ok().cloned();
+    (ids, cursor.get_i64("id").unwrap(), token)
+}
+
+/// Documents held back from a cut batch are never skipped: the cursor is
+/// known to the driver by a proxy id, which another proxy (or this one,
+/// restarted) sends upstream as it came, where no cursor has it. The
+/// proxy that holds them serves them, then the upstream's next batches,
+/// under that one id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_with_held_documents_is_not_continued_past_them_elsewhere() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 100;
+    config.tokenize.store_db = db_name("tokheld", "store");
+    let (a, b) = (
+        common::start(config.clone()).await,
+        common::start(config).await,
+    );
+    let (via_a, via_b) = (common::via_proxy(&a).await, common::via_proxy(&b).await);
+    let db = via_a.database(&db_name("tokheld", "proxy"));
+    let c = db.collection::<Document>("c");
+    c.drop().await.unwrap();
+    insert_wide(&c, 40).await;
+    let mut session = via_a.start_session().await.unwrap();
+    let first = db
+        .run_command(doc! {"find": "c", "sort": {"_id": 1}, "batchSize": 30})
+        .session(&mut session)
+        .await
+        .unwrap();
+    let (mut seen, id, _) = batch_of(&first);
+    assert!(
+        seen.len() < 30,
+        "the batch was cut: {} documents",
+        seen.len()
+    );
+    // Through the other proxy: refused, not the upstream's next batch.
+    let elsewhere = via_b
+        .database(&db_name("tokheld", "proxy"))
+        .run_command(doc! {"getMore": id, "collection": "c"})
+        .await;
+    let code = match elsewhere.as_ref().map_err(|e| &*e.kind) {
+        Err(mongodb::error::ErrorKind::Command(e)) => e.code,
+        other => panic!("expected CursorNotFound, got {other:?}"),
+    };
+    assert_eq!(code, 43, "CursorNotFound");
+    // Through the proxy that holds them: everything, in order, under one id.
+    let mut cursor = id;
+    while cursor != 0 {
+        let next = db
+            .run_command(doc! {"getMore": cursor, "collection": "c"})
+            .session(&mut session)
+            .await
+            .unwrap();
+        let (ids, next_id, _) = batch_of(&next);
+        assert!(
+            next_id == id || next_id == 0,
+            "cursor id {next_id}, not {id}"
+        );
+        seen.extend(ids);
+        cursor = next_id;
+    }
+    let all: Vec<Bson> = (0..40).map(Bson::Int32).collect();
+    assert_eq!(seen, all);
+}
+
+/// A change stream's batch that is cut ends each part with a resume token
+/// of its own (its last event's `_id`): a driver that resumes after a part
+/// (on a network error, or after the proxy restarted) gets the events
+/// held back, not the events after the whole batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_stream_resumed_after_a_cut_batch_misses_no_event() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 100;
+    config.tokenize.store_db = db_name("tokcs", "store");
+    let proxy = common::start(config).await;
+    let client = common::via_proxy(&proxy).await;
+    let db = client.database(&db_name("tokcs", "proxy"));
+    let c = db.collection::<Document>("c");
+    c.drop().await.unwrap();
+    db.create_collection("c").await.unwrap();
+    let mut session = client.start_session().await.unwrap();
+    let stream = |resume: Option<Document>| {
+        let mut spec = doc! {};
+        if let Some(token) = resume {
+            spec.insert("resumeAfter", token);
+        }
+        doc! {"aggregate": "c", "pipeline": [{"$changeStream": spec}], "cursor": {}}
+    };
+    let opened = db
+        .run_command(stream(None))
+        .session(&mut session)
+        .await
+        .unwrap();
+    let (_, id, _) = batch_of(&opened);
+    insert_wide(&c, 40).await;
+    // Reads a stream's events until `n` came (or 50 batches did not bring
+    // them), with the token each batch ended on. Each getMore names the
+    // cursor by the id the reply before gave, as drivers do.
+    async fn read(
+        db: &mongodb::Database,
+        session: &mut mongodb::ClientSession,
+        mut id: i64,
+        n: usize,
+    ) -> Vec<(Vec<Bson>, Document)> {
+        let mut batches = Vec::new();
+        for _ in 0..50 {
+            if events_of(&batches).len() >= n {
+                break;
+            }
+            let next = db
+                .run_command(doc! {"getMore": id, "collection": "c", "maxTimeMS": 200})
+                .session(&mut *session)
+                .await
+                .unwrap();
+            let (events, next_id, token) = batch_of(&next);
+            id = next_id;
+            if !events.is_empty() {
+                batches.push((events, token.unwrap()));
+            }
+        }
+        batches
+    }
+    let batches = read(&db, &mut session, id, 40).await;
+    let all: Vec<Bson> = (0..40).map(Bson::Int32).collect();
+    assert_eq!(events_of(&batches), all);
+    let (first, token) = &batches[0];
+    assert!(
+        first.len() < 40,
+        "the batch was cut: {} events",
+        first.len()
+    );
+    // Resumed from the first part's token: the rest, from the next event.
+    let mut again = client.start_session().await.unwrap();
+    let resumed = db
+        .run_command(stream(Some(token.clone())))
+        .session(&mut again)
+        .await
+        .unwrap();
+    let (mut events, resumed_id, _) = batch_of(&resumed);
+    let rest = read(&db, &mut again, resumed_id, 40 - first.len() - events.len()).await;
+    events.extend(events_of(&rest));
+    assert_eq!(events, all[first.len()..].to_vec());
+}
+
+/// The events of batches, one after another.
+fn events_of(batches: &[(Vec<Bson>, Document)]) -> Vec<Bson> {
+    batches.iter().flat_map(|(e, _)| e.clone()).collect()
 }
 
 #[tokio::test]
