@@ -3,12 +3,12 @@
 //! rest held for the cursor's next `getMore`.
 
 use super::{
-    command, cursor, expand, hello, shard_key, CursorFact, CursorKind, Expansion, LegState,
-    ReplyPlan, ReplyRules, Settings,
+    cursor, expand, hello, shard_key, CursorFact, CursorKind, Expansion, LegState, ReplyPlan,
+    ReplyRules, Settings,
 };
 use crate::budget::{Budget, Share};
 use crate::error::ProxyError;
-use crate::rewrite::walker::Fields;
+use crate::rewrite::walker::{self, Fields};
 use crate::token::{Integrity, Tokens};
 use crate::wire::{Frame, Message, MsgBody};
 
@@ -260,21 +260,17 @@ fn expand_tokens(
     t: &Tokens,
     room: &mut Room,
 ) -> Result<Option<MsgBody>, ProxyError> {
-    let dictionary_of = |item: &bson::Document| -> Option<String> {
+    let dictionary_of = |item: &bson::RawDocument| -> Option<String> {
         match expansion {
             Expansion::One(db) => Some(db.clone()),
             Expansion::PerOp(dbs) => {
-                let idx = item.get("idx").and_then(|i| match i {
-                    bson::Bson::Int32(i) => usize::try_from(*i).ok(),
-                    bson::Bson::Int64(i) => usize::try_from(*i).ok(),
-                    _ => None,
-                })?;
+                let idx = item.field("idx")?.number()?;
+                let idx = (idx >= 0.0 && idx.fract() == 0.0).then_some(idx as usize)?;
                 dbs.get(idx).cloned().flatten()
             }
             Expansion::PerEvent => item
-                .get_document("ns")
-                .ok()
-                .and_then(|ns| ns.get_str("db").ok())
+                .doc_field("ns")?
+                .str_field("db")
                 .filter(|db| t.policies.applies_to(db))
                 .map(str::to_owned),
         }
@@ -296,54 +292,80 @@ fn expand_tokens(
 
 /// Expands each document of a cursor batch with the dictionary
 /// `dictionary_of` names for it (a bulkWrite's results, a cluster-wide
-/// stream's events); one it names none for stays as it is.
+/// stream's events); one it names none for stays as it is. Raw bytes to
+/// raw bytes, in one pass, into the buffer of the message that will carry
+/// the reply: each document's expansion within the reply's room.
 fn expand_batch(
     body: &bson::RawDocument,
     strings: expand::Strings,
     t: &Tokens,
-    dictionary_of: &dyn Fn(&bson::Document) -> Option<String>,
+    dictionary_of: &dyn Fn(&bson::RawDocument) -> Option<String>,
     room: &mut Room,
 ) -> Result<Option<MsgBody>, ProxyError> {
     let needed = |raw: &[u8]| strings != expand::Strings::Data || expand::raw::needed(raw);
     if !needed(body.as_bytes()) {
         return Ok(None);
     }
-    let mut doc = command::to_document(body)?;
-    let Ok(cursor) = doc.get_document_mut("cursor") else {
-        return Ok(None);
+    let cannot_read = |e: walker::Malformed| {
+        ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
     };
-    let field = if cursor.contains_key("firstBatch") {
-        "firstBatch"
-    } else {
-        "nextBatch"
-    };
-    let Ok(batch) = cursor.get_array_mut(field) else {
-        return Ok(None);
-    };
+    let mut out = MsgBody::buffer(body.as_bytes().len());
     let mut changed = false;
-    for item in batch.iter_mut() {
-        let bson::Bson::Document(d) = item else {
-            continue;
-        };
-        let Some(db) = dictionary_of(d) else {
-            continue;
-        };
-        let raw = command::to_raw(d)?;
-        if !needed(raw.as_bytes()) {
+    let top = walker::begin(&mut out);
+    for e in walker::elements(body.as_bytes()) {
+        let e = e.map_err(cannot_read)?;
+        if e.key != b"cursor" || e.kind != DOCUMENT {
+            out.extend_from_slice(e.raw);
             continue;
         }
-        let names = t.store.dictionary(&db)?;
-        let expanded = expand::raw_document_within(&raw, &*names, strings, &mut |n| room.grant(n));
-        let expanded = expanded.map_err(|e| unreadable(e, &db, room))?;
-        room.spent += expanded.as_bytes().len();
-        *d = command::to_document(&expanded)?;
-        changed = true;
+        walker::header(&mut out, DOCUMENT, e.key);
+        let cursor = walker::begin(&mut out);
+        for c in walker::elements(e.value) {
+            let c = c.map_err(cannot_read)?;
+            let batch = matches!(c.key, b"firstBatch" | b"nextBatch") && c.kind == ARRAY;
+            if !batch {
+                out.extend_from_slice(c.raw);
+                continue;
+            }
+            walker::header(&mut out, ARRAY, c.key);
+            let array = walker::begin(&mut out);
+            for item in walker::elements(c.value) {
+                let item = item.map_err(cannot_read)?;
+                let doc = match item.document() {
+                    Some(doc) if needed(doc.as_bytes()) => doc,
+                    _ => {
+                        out.extend_from_slice(item.raw);
+                        continue;
+                    }
+                };
+                let Some(db) = dictionary_of(doc) else {
+                    out.extend_from_slice(item.raw);
+                    continue;
+                };
+                let names = t.store.dictionary(&db)?;
+                let grow = &mut |n| room.grant(n);
+                let expanded = expand::raw_document_within(doc, &*names, strings, grow)
+                    .map_err(|e| unreadable(e, &db, room))?;
+                room.spent += expanded.as_bytes().len();
+                walker::header(&mut out, DOCUMENT, item.key);
+                out.extend_from_slice(expanded.as_bytes());
+                changed = true;
+            }
+            walker::finish(&mut out, array);
+        }
+        walker::finish(&mut out, cursor);
     }
+    walker::finish(&mut out, top);
     if !changed {
         return Ok(None);
     }
-    command::to_raw(&doc).map(|d| Some(MsgBody::copy_of(&d)))
+    MsgBody::new(out)
+        .map(Some)
+        .map_err(|e| ProxyError::Internal(format!("an expanded reply: {e}")))
 }
+
+const DOCUMENT: u8 = 0x03;
+const ARRAY: u8 = 0x04;
 
 /// What a reply says of its cursor: the kind of one that stays open, or
 /// the end of the one a `getMore` continued.

@@ -281,3 +281,64 @@ async fn a_cluster_wide_stream_matches_fields_when_every_database_shares_one_dic
         assert!(stored.iter().all(|d| !d.contains_key("playerDisplayName")));
     }
 }
+
+/// A cluster-wide stream over databases with dictionaries of their own:
+/// each event is expanded with its database's (its documents, and the
+/// paths of an update's description), and reads as the twin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_wide_stream_expands_each_event_with_its_database_dictionary() {
+    let proxy = proxy_with(Vec::new()).await;
+    let run = |client: mongodb::Client, side: &'static str| async move {
+        let (a, b) = (db_name("xev_a", side), db_name("xev_b", side));
+        for db in [&a, &b] {
+            client.database(db).drop().await.unwrap();
+        }
+        let mut stream = client.watch().await.unwrap();
+        let (ca, cb) = (
+            client.database(&a).collection::<Document>("c"),
+            client.database(&b).collection::<Document>("d"),
+        );
+        ca.insert_one(
+            doc! {"_id": 1, "playerDisplayName": "Ann", "custom": {"Favorite Team": "x"}},
+        )
+        .await
+        .unwrap();
+        cb.insert_one(doc! {"_id": 2, "minuteOfTheMatch": 4, "playerDisplayName": "Bob"})
+            .await
+            .unwrap();
+        ca.update_one(
+            doc! {"_id": 1},
+            doc! {"$set": {"custom.Favorite Team": "y", "scoreAtHalfTime": 1}},
+        )
+        .await
+        .unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            let e = tokio::time::timeout(std::time::Duration::from_secs(20), stream.next())
+                .await
+                .expect("an event within 20 s")
+                .unwrap()
+                .unwrap();
+            let Some(ns) = e.ns.filter(|ns| ns.db == a || ns.db == b) else {
+                continue;
+            };
+            let updated = e.update_description.map(|u| u.updated_fields);
+            let db = if ns.db == a { "a" } else { "b" };
+            seen.push((db, e.full_document, updated));
+        }
+        seen
+    };
+    let via = run(common::via_proxy(&proxy).await, "proxy").await;
+    let direct = run(common::direct().await, "direct").await;
+    assert_eq!(via, direct);
+    assert_eq!(
+        via[2].2,
+        Some(doc! {"custom.Favorite Team": "y", "scoreAtHalfTime": 1})
+    );
+    // Each database's documents hold tokens of its own dictionary.
+    let (a, b) = (db_name("xev_a", "proxy"), db_name("xev_b", "proxy"));
+    for (db, coll) in [(&a, "c"), (&b, "d")] {
+        let stored = common::stored(db, coll).await;
+        assert!(stored.iter().all(|d| !d.contains_key("playerDisplayName")));
+    }
+}
