@@ -171,7 +171,8 @@ impl CursorTable {
         if held.upstream_id == 0 {
             self.aliases.remove(&id);
         } else {
-            let (upstream, since) = (held.upstream_id, Instant::now());
+            let since = Instant::now();
+            let upstream = held.upstream_id;
             self.aliases.insert(id, Alias { upstream, since });
         }
         let holding = Holding {
@@ -213,6 +214,15 @@ impl CursorTable {
             }
             keep
         });
+    }
+
+    /// Cursor `upstream`, opened by `owner`, is known to the driver by the
+    /// proxy id `proxy`.
+    pub fn alias(&self, proxy: i64, upstream: i64, owner: &Owner) {
+        self.expire();
+        self.owners.insert(proxy, owner.clone());
+        let since = Instant::now();
+        self.aliases.insert(proxy, Alias { upstream, since });
     }
 
     /// The cursors a `getMore` or `killCursors` names by proxy ids whose

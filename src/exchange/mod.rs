@@ -379,6 +379,9 @@ impl Exchange {
             }
         }
         ctx.cursors.learn(&replied.cursor, &self.owner);
+        if let Some((proxy, upstream)) = replied.alias {
+            ctx.cursors.alias(proxy, upstream, &self.owner);
+        }
         if let (Some(&(proxy, _)), None, "getMore") =
             (self.aliases.first(), &replied.held, self.command.as_str())
         {

@@ -21,6 +21,9 @@ pub struct Replied {
     /// now knows the cursor by.
     pub held: Option<(i64, cursor::Held)>,
     pub cursor: CursorFact,
+    /// A cursor the reply opened that the driver knows by a proxy id from
+    /// now on: `(proxy id, upstream id)`.
+    pub alias: Option<(i64, i64)>,
     /// What the expansion took from the budget for replies beyond the
     /// reply's own share.
     pub share: Option<Share>,
@@ -32,6 +35,7 @@ impl From<Frame> for Replied {
             frame,
             held: None,
             cursor: CursorFact::default(),
+            alias: None,
             share: None,
         }
     }
@@ -199,13 +203,24 @@ pub fn by_rules(
             body = restored;
         }
     }
+    // A cursor another proxy would read otherwise (its batches look like
+    // documents) is known to the driver by a proxy id: a getMore that
+    // reaches another proxy is refused upstream, not misread.
+    let alias = match rules.unknown_cursor || rules.get_more.is_some() {
+        true => None,
+        false => misread_elsewhere(m.body(), kind),
+    };
+    let aliases = match alias {
+        Some(a) => std::borrow::Cow::Owned(vec![a]),
+        None => std::borrow::Cow::Borrowed(rules.aliases.as_slice()),
+    };
     // Expansion makes replies larger. A cursor batch is cut to the
     // server's own limit and the rest held back (`cursor`), unless
     // the reply is part of an exhaust stream, which has no getMore
     // to serve the rest from.
     let mut held = None;
     if let (Some(expanded), false) = (&body, m.flags.more_to_come()) {
-        let known = rules.aliases.first().map(|&(proxy, _)| proxy);
+        let known = aliases.first().map(|&(proxy, _)| proxy);
         let cut = cursor::split(expanded.document(), cursor::MAX_REPLY_BODY, known)?;
         if let Some((cut, id, rest)) = cut {
             body = Some(cut);
@@ -213,9 +228,9 @@ pub fn by_rules(
         }
     }
     // Cursor ids the driver knows by the proxy's own are given back so.
-    if held.is_none() && !rules.aliases.is_empty() {
+    if held.is_none() && !aliases.is_empty() {
         let current = body.as_ref().map_or(m.body(), MsgBody::document);
-        let to_proxy = |id| rules.aliases.iter().find(|a| a.1 == id).map(|a| a.0);
+        let to_proxy = |id| aliases.iter().find(|a| a.1 == id).map(|a| a.0);
         if let Some(renamed) = cursor::rename_ids(current, to_proxy).map_err(|e| {
             ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
         })? {
@@ -248,8 +263,30 @@ pub fn by_rules(
         frame,
         held,
         cursor: fact,
+        alias,
         share: room.taken,
     })
+}
+
+/// The cursor a reply opens, with a fresh proxy id for it, if another
+/// proxy would read its batches otherwise than `kind` says
+/// ([`cursor::kind_of_unknown`]: statistics and index specs, whose path
+/// strings it would leave as stored).
+fn misread_elsewhere(body: &bson::RawDocument, kind: &CursorKind) -> Option<(i64, i64)> {
+    kind.expand.as_ref()?;
+    let id = body
+        .doc_field("cursor")?
+        .field("id")?
+        .i64()
+        .filter(|&id| id != 0)?;
+    let documents = CursorKind {
+        strings: expand::Strings::Data,
+        expand: kind.expand.clone(),
+    };
+    match cursor::kind_of_unknown(body, &documents) {
+        Ok(elsewhere) if elsewhere != *kind => Some((cursor::proxy_cursor_id(), id)),
+        _ => None,
+    }
 }
 
 /// A reply's tokens expanded (`None`: it holds none).

@@ -484,6 +484,89 @@ async fn a_cursor_with_held_documents_is_not_continued_past_them_elsewhere() {
     assert_eq!(seen, all);
 }
 
+/// Cursors whose batches another proxy would read as documents (index
+/// specs, index statistics: their paths in strings would stay as stored)
+/// are known to the driver by a proxy id: through another proxy their
+/// `getMore` is refused (CursorNotFound), never answered with stored
+/// names; through the proxy that opened them, every batch reads as direct.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_cursors_are_not_read_as_documents_by_another_proxy() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.store_db = db_name("tokix", "store");
+    let (a, b) = (
+        common::start(config.clone()).await,
+        common::start(config).await,
+    );
+    let elsewhere = common::via_proxy(&b)
+        .await
+        .database(&db_name("tokix", "proxy"));
+    let commands = [
+        doc! {"listIndexes": "c", "cursor": {"batchSize": 1}},
+        doc! {"aggregate": "c", "pipeline": [{"$indexStats": {}}], "cursor": {"batchSize": 1}},
+    ];
+    // Each command's index names and keys, read a batch of one at a time;
+    // through the proxy, each cursor is first asked for through the other.
+    let run = |client: mongodb::Client, side: &'static str| {
+        let (commands, elsewhere) = (commands.clone(), elsewhere.clone());
+        async move {
+            let db = client.database(&db_name("tokix", side));
+            db.drop().await.unwrap();
+            let c = db.collection::<Document>("c");
+            c.insert_one(doc! {"player_name": "a", "team_name": "b", "goals_scored": 1})
+                .await
+                .unwrap();
+            for keys in [
+                doc! {"player_name": 1},
+                doc! {"team_name": 1, "goals_scored": -1},
+            ] {
+                let index = mongodb::IndexModel::builder().keys(keys).build();
+                c.create_index(index).await.unwrap();
+            }
+            let mut session = client.start_session().await.unwrap();
+            let mut read = Vec::new();
+            for command in commands {
+                let mut reply = db.run_command(command).session(&mut session).await.unwrap();
+                let mut keys = Vec::new();
+                loop {
+                    let cursor = reply.get_document("cursor").unwrap();
+                    let batch = cursor
+                        .get_array("firstBatch")
+                        .or_else(|_| cursor.get_array("nextBatch"))
+                        .unwrap();
+                    for d in batch {
+                        let d = d.as_document().unwrap();
+                        let name = d.get_str("name").unwrap().to_owned();
+                        keys.push((name, d.get_document("key").unwrap().clone()));
+                    }
+                    let id = cursor.get_i64("id").unwrap();
+                    if id == 0 {
+                        break;
+                    }
+                    let get_more = doc! {"getMore": id, "collection": "c"};
+                    if side == "proxy" && keys.len() == 1 {
+                        let refused = elsewhere.run_command(get_more.clone()).await;
+                        let e = common::command_error(refused.unwrap_err());
+                        assert_eq!(e.code, 43, "CursorNotFound: {}", e.message);
+                    }
+                    reply = db
+                        .run_command(get_more)
+                        .session(&mut session)
+                        .await
+                        .unwrap();
+                }
+                keys.sort_by(|x, y| x.0.cmp(&y.0));
+                read.push(keys);
+            }
+            read
+        }
+    };
+    let direct = run(common::direct().await, "direct").await;
+    let via = run(common::via_proxy(&a).await, "proxy").await;
+    assert_eq!(via, direct);
+    assert!(via.iter().all(|keys| keys.len() == 3), "{via:?}");
+}
+
 /// A change stream's batch that is cut ends each part with a resume token
 /// of its own (its last event's `_id`): a driver that resumes after a part
 /// (on a network error, or after the proxy restarted) gets the events
