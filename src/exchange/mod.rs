@@ -191,10 +191,9 @@ impl Exchange {
                 return Ok(Step::Answer(body?, share));
             }
             if !aliases.is_empty() {
-                let to_upstream = |id| aliases.iter().find(|a| a.0 == id).map(|a| a.1);
                 // A body the walker cannot read goes as it came, and is
                 // refused upstream.
-                if let Ok(Some(body)) = rewrite::cursor::rename_ids(m.body(), to_upstream) {
+                if let Ok(Some(body)) = rewrite::cursor::rename_ids(m.body(), &aliases) {
                     let mut upstream = m.clone();
                     upstream.set_body(body.document().to_owned());
                     renamed = Some(self.frame.with_message(Message::Msg(upstream)));

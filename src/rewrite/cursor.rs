@@ -52,21 +52,26 @@ pub struct Held {
 pub type Aliases = Vec<(i64, i64)>;
 
 /// `body` (a command or a reply) with the cursor ids it names renamed by
-/// `rename`, where it names one: a `getMore`'s, a `killCursors`'
-/// `cursors`, a reply's `cursor.id` and `cursorsKilled`, `cursorsNotFound`,
-/// `cursorsAlive` and `cursorsUnknown`. `None` when `rename` renames none.
-/// An id is eight bytes either way: the rest of the body stays as it came.
+/// `renames` (`(from, to)` pairs), where it names one: a `getMore`'s, a
+/// `killCursors`' `cursors`, a reply's `cursor.id` and `cursorsKilled`,
+/// `cursorsNotFound`, `cursorsAlive` and `cursorsUnknown`, and a number in
+/// an error's `errmsg` ("cursor id 123 not found"). `None` when it names
+/// none of them. An id is eight bytes either way: but for an `errmsg`, the
+/// rest of the body stays as it came.
 pub fn rename_ids(
     body: &RawDocument,
-    rename: impl Fn(i64) -> Option<i64>,
+    renames: &[(i64, i64)],
 ) -> Result<Option<MsgBody>, walker::Malformed> {
+    let rename = |id| renames.iter().find(|r| r.0 == id).map(|r| r.1);
     let bytes = body.as_bytes();
     let mut places = Vec::new();
+    let mut message = None;
     for e in walker::elements(bytes) {
         let e = e?;
         let at = e.value_at();
         match (e.key, e.kind) {
             (b"getMore", INT64) => places.push(at),
+            (b"errmsg", STRING) => message = Some(walker::string_of(e.value)?),
             (b"cursor", DOCUMENT) => {
                 for c in walker::elements(e.value) {
                     let c = c?;
@@ -90,6 +95,7 @@ pub fn rename_ids(
             _ => {}
         }
     }
+    // Written in place in the buffer of the message that will carry it.
     let mut out: Option<Vec<u8>> = None;
     for at in places {
         let id = i64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
@@ -103,8 +109,52 @@ pub fn rename_ids(
             out[at..at + 8].copy_from_slice(&new.to_le_bytes());
         }
     }
-    // Eight bytes replaced by eight: still the document it was.
+    if let Some(message) = message.and_then(|m| renamed_numbers(m, &rename)) {
+        let patched = out.as_ref().map_or(bytes, |o| &o[MsgBody::AT..]);
+        let mut buf = MsgBody::buffer(patched.len() + message.len());
+        let start = walker::begin(&mut buf);
+        for e in walker::elements(patched) {
+            let e = e?;
+            if e.key == b"errmsg" {
+                walker::header(&mut buf, STRING, e.key);
+                walker::string_value(&mut buf, &message);
+            } else {
+                buf.extend_from_slice(e.raw);
+            }
+        }
+        walker::finish(&mut buf, start);
+        out = Some(buf);
+    }
+    // Ids of eight bytes replaced by ids of eight, an error's text by a
+    // text: still a document.
     Ok(out.and_then(|b| MsgBody::new(b).ok()))
+}
+
+/// `text` with each whole number that `rename` renames written as its new
+/// value; `None` when none is.
+fn renamed_numbers(text: &str, rename: &dyn Fn(i64) -> Option<i64>) -> Option<String> {
+    let mut out = String::new();
+    let mut copied = 0;
+    let mut digits = text
+        .char_indices()
+        .filter(|(_, c)| c.is_ascii_digit())
+        .peekable();
+    while let Some((start, _)) = digits.next() {
+        let mut end = start + 1;
+        while digits.peek().is_some_and(|&(i, _)| i == end) {
+            digits.next();
+            end += 1;
+        }
+        let negative = text[..start].ends_with('-');
+        let from = if negative { start - 1 } else { start };
+        let Some(new) = text[from..end].parse().ok().and_then(rename) else {
+            continue;
+        };
+        out.push_str(&text[copied..from]);
+        out.push_str(&new.to_string());
+        copied = end;
+    }
+    (copied > 0).then(|| out + &text[copied..])
 }
 
 /// A change event's `_id` (its resume token), as a type and value.
@@ -280,6 +330,7 @@ fn write_batch(out: &mut Vec<u8>, key: &[u8], docs: &[&RawDocument]) {
     walker::finish(out, array);
 }
 
+const STRING: u8 = 0x02;
 const DOCUMENT: u8 = 0x03;
 const ARRAY: u8 = 0x04;
 const INT64: u8 = 0x12;
@@ -512,10 +563,9 @@ mod tests {
     /// nowhere else.
     #[test]
     fn cursor_ids_are_renamed_where_they_are_named() {
-        let rename = |id| (id == 7).then_some(70);
         let renamed = |d: Document| {
             let raw = RawDocumentBuf::from_document(&d).unwrap();
-            rename_ids(&raw, rename)
+            rename_ids(&raw, &[(7, 70)])
                 .unwrap()
                 .map(|b| Document::try_from(b.document()).unwrap())
         };
@@ -545,6 +595,12 @@ mod tests {
         );
         assert_eq!(renamed(doc! {"getMore": 8_i64, "collection": "c"}), None);
         assert_eq!(renamed(doc! {"n": 7_i64, "id": 7_i64}), None);
+        // An error's text names the id as a number: whole numbers only.
+        assert_eq!(
+            renamed(doc! {"ok": 0.0, "errmsg": "cursor id 7 not found (77, 7a, -7)", "code": 43}),
+            Some(doc! {"ok": 0.0, "errmsg": "cursor id 70 not found (77, 70a, -7)", "code": 43})
+        );
+        assert_eq!(renamed(doc! {"ok": 0.0, "errmsg": "code 43"}), None);
     }
 
     #[test]

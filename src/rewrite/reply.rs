@@ -230,8 +230,8 @@ pub fn by_rules(
     // Cursor ids the driver knows by the proxy's own are given back so.
     if held.is_none() && !aliases.is_empty() {
         let current = body.as_ref().map_or(m.body(), MsgBody::document);
-        let to_proxy = |id| aliases.iter().find(|a| a.1 == id).map(|a| a.0);
-        if let Some(renamed) = cursor::rename_ids(current, to_proxy).map_err(|e| {
+        let to_proxy: Vec<(i64, i64)> = aliases.iter().map(|&(proxy, up)| (up, proxy)).collect();
+        if let Some(renamed) = cursor::rename_ids(current, &to_proxy).map_err(|e| {
             ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
         })? {
             body = Some(renamed);
