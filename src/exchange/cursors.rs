@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use bson::RawDocument;
 use dashmap::DashMap;
+use parking_lot::Mutex;
 
 use crate::error::ProxyError;
 use crate::rewrite::cursor::{self, Aliases, Held};
@@ -34,6 +35,9 @@ use crate::wire::MsgBody;
 /// Held documents of a cursor nobody asks for go when a server would time
 /// the cursor out.
 const IDLE: Duration = Duration::from_secs(600);
+
+/// How often the table looks for idle entries, at most.
+const SWEEP: Duration = Duration::from_secs(1);
 
 /// Who opened a cursor, or who asks to continue one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -109,6 +113,8 @@ pub struct CursorTable {
     aliases: DashMap<i64, Alias>,
     held_bytes: AtomicUsize,
     max_held_bytes: usize,
+    /// When idle entries were last looked for.
+    swept: Mutex<Instant>,
 }
 
 impl Default for CursorTable {
@@ -126,6 +132,7 @@ impl CursorTable {
             aliases: DashMap::new(),
             held_bytes: AtomicUsize::new(0),
             max_held_bytes,
+            swept: Mutex::new(Instant::now()),
         }
     }
 
@@ -189,9 +196,17 @@ impl CursorTable {
     /// Drops held documents nobody asked for within [`IDLE`], and the
     /// proxy ids of their cursors: a `getMore` of one is then sent upstream
     /// as it came, and refused there, never continued past the documents
-    /// dropped. Proxy ids unused for as long go too.
+    /// dropped. Proxy ids unused for as long go too. Looked for once a
+    /// second at most: each look goes through the whole table, and a
+    /// client opening cursors in a loop must not make every opening cost
+    /// that.
     fn expire(&self) {
-        self.expire_at(Instant::now());
+        let now = Instant::now();
+        match self.swept.try_lock() {
+            Some(mut swept) if now.saturating_duration_since(*swept) >= SWEEP => *swept = now,
+            _ => return,
+        }
+        self.expire_at(now);
     }
 
     fn expire_at(&self, now: Instant) {
