@@ -423,6 +423,23 @@ fn batch_of(reply: &Document) -> (Vec<Bson>, i64, Option<Document>) {
     (ids, cursor.get_i64("id").unwrap(), token)
 }
 
+/// Two tokenizing proxies sharing one name store.
+async fn two_proxies(
+    test: &str,
+    min_len: usize,
+) -> (
+    laconic::downstream::ProxyHandle,
+    laconic::downstream::ProxyHandle,
+) {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = min_len;
+    config.tokenize.store_db = db_name(test, "store");
+    (
+        common::start(config.clone()).await,
+        common::start(config).await,
+    )
+}
+
 /// Documents held back from a cut batch are never skipped: the cursor is
 /// known to the driver by a proxy id, which another proxy (or this one,
 /// restarted) sends upstream as it came, where no cursor has it. The
@@ -430,13 +447,7 @@ fn batch_of(reply: &Document) -> (Vec<Bson>, i64, Option<Document>) {
 /// under that one id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_with_held_documents_is_not_continued_past_them_elsewhere() {
-    let mut config = common::proxy_config(&common::upstream().uri);
-    config.tokenize.min_len = 100;
-    config.tokenize.store_db = db_name("tokheld", "store");
-    let (a, b) = (
-        common::start(config.clone()).await,
-        common::start(config).await,
-    );
+    let (a, b) = two_proxies("tokheld", 100).await;
     let (via_a, via_b) = (common::via_proxy(&a).await, common::via_proxy(&b).await);
     let db = via_a.database(&db_name("tokheld", "proxy"));
     let c = db.collection::<Document>("c");
@@ -491,13 +502,7 @@ async fn a_cursor_with_held_documents_is_not_continued_past_them_elsewhere() {
 /// names; through the proxy that opened them, every batch reads as direct.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn index_cursors_are_not_read_as_documents_by_another_proxy() {
-    let mut config = common::proxy_config(&common::upstream().uri);
-    config.tokenize.min_len = 6;
-    config.tokenize.store_db = db_name("tokix", "store");
-    let (a, b) = (
-        common::start(config.clone()).await,
-        common::start(config).await,
-    );
+    let (a, b) = two_proxies("tokix", 6).await;
     let elsewhere = common::via_proxy(&b)
         .await
         .database(&db_name("tokix", "proxy"));
