@@ -410,11 +410,10 @@ async fn open_cursor(s: &mut tokio::net::TcpStream, id: i32, body: Document) -> 
     }
 }
 
-/// The next update event of change stream `id`, read on `s`. Once, in a
-/// CI run under load, the first event of the stream was another (no
-/// `updateDescription`; likely the insert just before the stream was
-/// opened, which the upstream used in tests may order after the stream's
-/// start): not what these checks are about.
+/// The next update event of change stream `id`, read on `s`. A stream
+/// opened without a start point may begin before the insert that came
+/// just before it (see `common::just_after`): once, in a CI run under
+/// load, its first event was another, with no `updateDescription`.
 async fn next_update(s: &mut tokio::net::TcpStream, db: &str, coll: Bson, id: i64) -> Document {
     for _ in 0..5 {
         for event in next_batch(s, db, coll.clone(), id).await {
