@@ -197,16 +197,18 @@ impl CursorTable {
     /// proxy ids of their cursors: a `getMore` of one is then sent upstream
     /// as it came, and refused there, never continued past the documents
     /// dropped. Proxy ids unused for as long go too. Looked for once a
-    /// second at most: each look goes through the whole table, and a
-    /// client opening cursors in a loop must not make every opening cost
-    /// that.
+    /// second at most, by one thread at a time: each look goes through the
+    /// whole table, and a client opening cursors in a loop must not make
+    /// every opening cost that.
     fn expire(&self) {
         let now = Instant::now();
-        match self.swept.try_lock() {
-            Some(mut swept) if now.saturating_duration_since(*swept) >= SWEEP => *swept = now,
-            _ => return,
+        let Some(mut swept) = self.swept.try_lock() else {
+            return;
+        };
+        if now.saturating_duration_since(*swept) >= SWEEP {
+            *swept = now;
+            self.expire_at(now);
         }
-        self.expire_at(now);
     }
 
     fn expire_at(&self, now: Instant) {

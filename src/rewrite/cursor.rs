@@ -56,8 +56,8 @@ pub type Aliases = Vec<(i64, i64)>;
 /// `killCursors`' `cursors`, a reply's `cursor.id` and `cursorsKilled`,
 /// `cursorsNotFound`, `cursorsAlive` and `cursorsUnknown`, and a number in
 /// an error's `errmsg` ("cursor id 123 not found"). `None` when it names
-/// none of them. An id is eight bytes either way: but for an `errmsg`, the
-/// rest of the body stays as it came.
+/// none of them. An id is eight bytes either way, so but for an `errmsg`
+/// the body keeps its bytes and their places.
 pub fn rename_ids(
     body: &RawDocument,
     renames: &[(i64, i64)],
