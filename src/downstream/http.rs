@@ -69,6 +69,7 @@ async fn answer(mut stream: TcpStream, ctx: &ProxyContext) -> std::io::Result<()
                     work: ctx.heavy.budget().held(),
                     read: ctx.reading.held(),
                     reply: ctx.replies.held(),
+                    proxy_ids: ctx.cursors.proxy_ids(),
                 },
             ),
         ),

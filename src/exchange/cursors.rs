@@ -102,6 +102,9 @@ struct Holding {
 struct Alias {
     upstream: i64,
     since: Instant,
+    /// The most documents its `getMore`s ask the upstream for: as many as
+    /// fitted in the reply when its last batch was cut.
+    most: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -146,6 +149,11 @@ impl CursorTable {
         self.held_bytes.load(Ordering::Relaxed)
     }
 
+    /// Cursors known to their drivers by a proxy id now.
+    pub fn proxy_ids(&self) -> usize {
+        self.aliases.len()
+    }
+
     /// What a reply said of its cursor, opened by `owner`.
     pub fn learn(&self, fact: &CursorFact, owner: &Owner) {
         if let Some((id, kind)) = &fact.open {
@@ -179,8 +187,15 @@ impl CursorTable {
             self.aliases.remove(&id);
         } else {
             let since = Instant::now();
-            let upstream = held.upstream_id;
-            self.aliases.insert(id, Alias { upstream, since });
+            let (upstream, most) = (held.upstream_id, Some(held.fits));
+            self.aliases.insert(
+                id,
+                Alias {
+                    upstream,
+                    since,
+                    most,
+                },
+            );
         }
         let holding = Holding {
             since: Instant::now(),
@@ -239,7 +254,15 @@ impl CursorTable {
         self.expire();
         self.owners.insert(proxy, owner.clone());
         let since = Instant::now();
-        self.aliases.insert(proxy, Alias { upstream, since });
+        let most = None;
+        self.aliases.insert(
+            proxy,
+            Alias {
+                upstream,
+                since,
+                most,
+            },
+        );
     }
 
     /// The cursors a `getMore` or `killCursors` names by proxy ids whose
@@ -264,6 +287,13 @@ impl CursorTable {
                 Some((id, alias.upstream))
             })
             .collect()
+    }
+
+    /// The most documents a `getMore` of a cursor known by a proxy id asks
+    /// the upstream for, if its batches were cut ([`cursor::cap_batch`]).
+    pub fn most(&self, body: &RawDocument) -> Option<usize> {
+        let (id, _) = cursor::get_more_target(body)?;
+        self.aliases.get(&id)?.most
     }
 
     /// The upstream cursor behind proxy id `id` is exhausted: the id is
@@ -434,6 +464,7 @@ mod tests {
                 .collect::<VecDeque<_>>(),
             upstream_id,
             resume: None,
+            fits: 3,
         }
     }
 
@@ -531,6 +562,8 @@ mod tests {
         assert!(table.answer("getMore", &get_more).is_some());
         assert!(table.answer("getMore", &get_more).is_none());
         assert_eq!(table.aliased("getMore", &get_more), vec![(70, 7)]);
+        // Asking the upstream for no more than fitted in the cut reply.
+        assert_eq!(table.most(&get_more), Some(3));
         assert!(table
             .check("getMore", &get_more, &owner(None, Some(2), 2))
             .is_err());
@@ -545,6 +578,12 @@ mod tests {
         assert!(table.aliased("killCursors", &kill).is_empty());
         assert_eq!(table.held_bytes(), 0);
         // Its documents expired: the id goes with them.
+        // An index cursor's proxy id: nothing was cut, nothing capped.
+        table.alias(73, 10, &app);
+        assert_eq!(
+            table.most(&rawdoc! {"getMore": 73_i64, "collection": "c"}),
+            None
+        );
         table.hold(72, held(1, 9), &app).unwrap();
         table.expire_at(Instant::now() + IDLE);
         let get_more = rawdoc! {"getMore": 72_i64, "collection": "c"};

@@ -194,6 +194,15 @@ impl Exchange {
                 // A body the walker cannot read goes as it came, and is
                 // refused upstream.
                 if let Ok(Some(body)) = rewrite::cursor::rename_ids(m.body(), &aliases) {
+                    // A cursor whose batch was cut asks for no more than
+                    // fitted, so that its batches are not cut again.
+                    let body = match ctx.cursors.most(m.body()) {
+                        Some(most) => rewrite::cursor::cap_batch(body.document(), most)
+                            .ok()
+                            .flatten()
+                            .unwrap_or(body),
+                        None => body,
+                    };
                     let mut upstream = m.clone();
                     upstream.set_body(body.document().to_owned());
                     renamed = Some(self.frame.with_message(Message::Msg(upstream)));
@@ -389,6 +398,7 @@ impl Exchange {
             }
         }
         if let Some((id, held)) = replied.held {
+            ctx.metrics.batch_cut();
             let held = ctx.cursors.hold(id, held, &self.owner);
             ctx.metrics.held_bytes(ctx.cursors.held_bytes());
             held?;

@@ -67,7 +67,8 @@ pub enum Way {
     Out,
 }
 
-/// What the memory budgets hold now, in bytes.
+/// What the memory budgets hold now, in bytes, and the cursors drivers know
+/// by an id of this proxy's.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Held {
     /// Heavy work (`proxy.max_work_bytes`).
@@ -76,6 +77,10 @@ pub struct Held {
     pub read: usize,
     /// Replies on their way to drivers (`proxy.max_reply_bytes`).
     pub reply: usize,
+    /// Cursors known to their drivers by a proxy cursor id: served only
+    /// through this process (README, "Replies keep the server's size
+    /// limit").
+    pub proxy_ids: usize,
 }
 
 /// What came of a read sampled for shadow mode.
@@ -98,6 +103,8 @@ pub struct Metrics {
     max_namespaces: usize,
     connections_open: AtomicI64,
     held_bytes: AtomicI64,
+    /// Cursor batches cut at the reply limit.
+    batches_cut: AtomicU64,
     connections_total: AtomicU64,
     connections_refused: AtomicU64,
     /// Requests and their latency, by command name (catalogue names and
@@ -142,6 +149,7 @@ impl Metrics {
             max_namespaces,
             connections_open: AtomicI64::new(0),
             held_bytes: AtomicI64::new(0),
+            batches_cut: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             requests: DashMap::new(),
@@ -272,6 +280,14 @@ impl Metrics {
             .store(i64::try_from(bytes).unwrap_or(i64::MAX), Relaxed);
     }
 
+    /// A cursor batch was cut where it reached the reply limit, the rest
+    /// to be held back.
+    pub fn batch_cut(&self) {
+        if !self.off {
+            self.batches_cut.fetch_add(1, Relaxed);
+        }
+    }
+
     /// The Prometheus text exposition, with the dictionaries' states and
     /// what the memory budgets hold now.
     pub fn render(&self, dictionaries: &[Status], held: Held) -> String {
@@ -313,6 +329,18 @@ impl Metrics {
                 "gauge",
                 "Bytes of expanded documents held back for cursors (bounded by proxy.max_held_bytes).",
                 self.held_bytes.load(Relaxed),
+            ),
+            (
+                "laconic_cursor_batches_cut_total",
+                "counter",
+                "Cursor batches cut where expansion made them pass the reply limit, the rest held back for the next getMore.",
+                self.batches_cut.load(Relaxed) as i64,
+            ),
+            (
+                "laconic_cursor_proxy_ids",
+                "gauge",
+                "Cursors their drivers know by a proxy cursor id now: their getMores are served only through this process.",
+                i64::try_from(held.proxy_ids).unwrap_or(i64::MAX),
             ),
             (
                 "laconic_heavy_work_bytes",
@@ -619,7 +647,12 @@ mod tests {
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
-        let text = m.render(&[status("app", 12)], Held::default());
+        m.batch_cut();
+        let held = Held {
+            proxy_ids: 2,
+            ..Held::default()
+        };
+        let text = m.render(&[status("app", 12)], held);
         for line in [
             "laconic_connections_open 1",
             "laconic_requests_total{command=\"insert\"} 3",
@@ -635,6 +668,8 @@ mod tests {
             "laconic_name_store_names{scope=\"app\"} 12",
             "laconic_dictionary_state{scope=\"app\",state=\"ready\"} 1",
             "laconic_errors_total{kind=\"CommandNotSupported\"} 1",
+            "laconic_cursor_batches_cut_total 1",
+            "laconic_cursor_proxy_ids 2",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

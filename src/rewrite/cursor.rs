@@ -45,6 +45,11 @@ pub struct Held {
     /// that ends the batch. The parts before it carry their last event's
     /// `_id`, from which the stream resumes just after that event.
     pub resume: Option<(u8, Vec<u8>)>,
+    /// How many of the batch's documents fit in the reply: what the
+    /// cursor's next `getMore`s ask the upstream for at most, so that
+    /// their batches, filled by the server up to its own limit in stored
+    /// bytes, are not cut again ([`cap_batch`]).
+    pub fits: usize,
 }
 
 /// Cursor ids the driver knows by the proxy's ids: `(proxy id, upstream
@@ -244,6 +249,7 @@ pub fn split(
         docs: docs[keep..].iter().map(|d| (*d).to_owned()).collect(),
         upstream_id,
         resume,
+        fits: keep,
     };
     let out = rebuild(body, field, &docs[..keep], client_id, cut_at.as_ref())?;
     Ok(Some((out, client_id, held)))
@@ -330,9 +336,11 @@ fn write_batch(out: &mut Vec<u8>, key: &[u8], docs: &[&RawDocument]) {
     walker::finish(out, array);
 }
 
+const DOUBLE: u8 = 0x01;
 const STRING: u8 = 0x02;
 const DOCUMENT: u8 = 0x03;
 const ARRAY: u8 = 0x04;
+const INT32: u8 = 0x10;
 const INT64: u8 = 0x12;
 
 /// The `getMore` reply served from held documents: as many as `batch_size`
@@ -456,6 +464,47 @@ pub fn get_more_target(body: &RawDocument) -> Option<(i64, Option<usize>)> {
     Some((id, batch_size))
 }
 
+/// A `getMore` that asks the upstream for at most `most` documents: its
+/// `batchSize` lowered to `most`, or added. `None` when it asks for no more
+/// already, or for a number the server reads otherwise (0, negative, not a
+/// number: it goes as it came, and the server answers it as it would).
+/// Fewer documents than asked for is what a server sends too when a batch
+/// reaches its size limit.
+pub fn cap_batch(body: &RawDocument, most: usize) -> Result<Option<MsgBody>, walker::Malformed> {
+    let bytes = body.as_bytes();
+    for e in walker::elements(bytes) {
+        let e = e?;
+        if e.key == b"batchSize" {
+            let asked = match e.kind {
+                INT32 => e
+                    .value
+                    .first_chunk()
+                    .map(|b| f64::from(i32::from_le_bytes(*b))),
+                INT64 => e.value.first_chunk().map(|b| i64::from_le_bytes(*b) as f64),
+                DOUBLE => e.value.first_chunk().map(|b| f64::from_le_bytes(*b)),
+                _ => None,
+            };
+            match asked {
+                Some(n) if n > most as f64 => break,
+                _ => return Ok(None),
+            }
+        }
+    }
+    let most = i32::try_from(most.max(1)).unwrap_or(i32::MAX);
+    let mut buf = MsgBody::buffer(bytes.len() + 16);
+    let start = walker::begin(&mut buf);
+    for e in walker::elements(bytes) {
+        let e = e?;
+        if e.key != b"batchSize" {
+            buf.extend_from_slice(e.raw);
+        }
+    }
+    walker::header(&mut buf, INT32, b"batchSize");
+    buf.extend_from_slice(&most.to_le_bytes());
+    walker::finish(&mut buf, start);
+    Ok(MsgBody::new(buf).ok())
+}
+
 /// The cursor ids of a `killCursors` body.
 pub fn kill_cursors_targets(body: &RawDocument) -> Vec<i64> {
     body.get_array("cursors")
@@ -483,6 +532,46 @@ mod tests {
             .into_iter()
             .map(|d| d.unwrap().as_document().unwrap().get_i32("_id").unwrap())
             .collect()
+    }
+
+    #[test]
+    fn a_get_more_asks_for_no_more_than_fitted() {
+        use bson::{rawdoc, RawBson};
+        let capped = |body: RawDocumentBuf| {
+            cap_batch(&body, 15)
+                .unwrap()
+                .map(|b| Document::try_from(b.document()).unwrap())
+        };
+        // Added where the driver asked for the server's default, after the
+        // fields it sent (in their order).
+        assert_eq!(
+            capped(rawdoc! {"getMore": 5_i64, "collection": "c", "$db": "app"}),
+            Some(doc! {"getMore": 5_i64, "collection": "c", "$db": "app", "batchSize": 15})
+        );
+        // Lowered, whatever its numeric type.
+        for asked in [
+            RawBson::Int32(100),
+            RawBson::Int64(100),
+            RawBson::Double(100.0),
+        ] {
+            let body = rawdoc! {"getMore": 5_i64, "collection": "c", "batchSize": asked};
+            assert_eq!(
+                capped(body),
+                Some(doc! {"getMore": 5_i64, "collection": "c", "batchSize": 15})
+            );
+        }
+        // No more than that already, or what the server reads its own way:
+        // as it came.
+        for asked in [
+            RawBson::Int32(15),
+            RawBson::Int64(2),
+            RawBson::Int32(0),
+            RawBson::Int32(-1),
+            RawBson::String("x".into()),
+        ] {
+            let body = rawdoc! {"getMore": 5_i64, "collection": "c", "batchSize": asked};
+            assert_eq!(capped(body), None);
+        }
     }
 
     #[test]

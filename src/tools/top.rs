@@ -221,6 +221,12 @@ pub fn view(before: &Scrape, after: &Scrape, secs: f64) -> String {
         bytes(after.sum("laconic_read_bytes", &[])),
         bytes(after.sum("laconic_reply_bytes", &[])),
     );
+    let _ = writeln!(
+        out,
+        "cursors      {} known by a proxy id, batches cut {:.1}/s",
+        after.sum("laconic_cursor_proxy_ids", &[]),
+        rate("laconic_cursor_batches_cut_total", &[]),
+    );
     let logical = rate("laconic_document_bytes_total", &[("form", "logical")]);
     let physical = rate("laconic_document_bytes_total", &[("form", "physical")]);
     if logical > 0.0 {
@@ -371,6 +377,7 @@ mod tests {
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported");
         m.store_lookup(true);
+        m.batch_cut();
         let after = Scrape::parse(&m.render(
             &[crate::token::store::Status {
                 scope: "app".into(),
@@ -383,6 +390,7 @@ mod tests {
                 work: 2_000_000,
                 read: 70_000,
                 reply: 5_000_000,
+                proxy_ids: 3,
             },
         ));
         assert_eq!(after.sum("laconic_requests_total", &[]), 101.0);
@@ -395,6 +403,7 @@ mod tests {
             "connections  1 open, 0.0/s new, 0.0/s refused",
             "requests     50.5/s, errors 0.5/s",
             "held         cursors 0 B, heavy work 2.0 MB, reading 70.0 kB, replies 5.0 MB",
+            "cursors      3 known by a proxy id, batches cut 0.5/s",
             "documents    500 B logical, 300 B stored: 40.0% saved",
             "name store   12 names, 0.5/s hits, 0.0/s misses, 0.0/s round trips",
             "  errors      CommandNotSupported: 0.5/s",

@@ -450,6 +450,15 @@ pub async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// The value of the unlabelled series `name` on the metrics port (0 when
+/// it is missing).
+pub async fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
+    let (_, text) = get(addr, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// `laconic serve` as a process, on a free port, with `args` after the
 /// upstream: the child (stdout and stderr piped) and the address it printed.
 pub fn serve_process(args: &[&str]) -> (std::process::Child, String) {

@@ -76,15 +76,7 @@ async fn cursors_and_held_batches_belong_to_the_user_and_session_that_opened_the
     config.tokenize.min_len = 4;
     config.metrics_listen = Some("127.0.0.1:0".into());
     let proxy = common::start(config).await;
-    let held = || async {
-        let (_, text) = common::get(proxy.metrics_addr.unwrap(), "/metrics").await;
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("laconic_cursor_held_bytes "))
-            .map(str::to_owned)
-            .unwrap_or_default();
-        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
-    };
+    let held = || common::metric(proxy.metrics_addr.unwrap(), "laconic_cursor_held_bytes");
 
     let app = login(&proxy, "lt_appuser").await;
     let c = app.database(&db).collection::<Document>("c");

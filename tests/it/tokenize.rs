@@ -434,6 +434,7 @@ async fn two_proxies(
     let mut config = common::proxy_config(&common::upstream().uri);
     config.tokenize.min_len = min_len;
     config.tokenize.store_db = db_name(test, "store");
+    config.metrics_listen = Some("127.0.0.1:0".into());
     (
         common::start(config.clone()).await,
         common::start(config).await,
@@ -475,6 +476,15 @@ async fn a_cursor_with_held_documents_is_not_continued_past_them_elsewhere() {
         other => panic!("expected CursorNotFound, got {other:?}"),
     };
     assert_eq!(code, 43, "CursorNotFound");
+    // An operator sees the cut and the cursor pinned to proxy A.
+    let (at_a, at_b) = (a.metrics_addr.unwrap(), b.metrics_addr.unwrap());
+    for (addr, cut, ids) in [(at_a, 1, 1), (at_b, 0, 0)] {
+        assert_eq!(
+            common::metric(addr, "laconic_cursor_batches_cut_total").await,
+            cut
+        );
+        assert_eq!(common::metric(addr, "laconic_cursor_proxy_ids").await, ids);
+    }
     // Through the proxy that holds them: everything, in order, under one id.
     let mut cursor = id;
     while cursor != 0 {
@@ -493,6 +503,57 @@ async fn a_cursor_with_held_documents_is_not_continued_past_them_elsewhere() {
     }
     let all: Vec<Bson> = (0..40).map(Bson::Int32).collect();
     assert_eq!(seen, all);
+    // The cursor is exhausted: its proxy id is forgotten.
+    assert_eq!(common::metric(at_a, "laconic_cursor_proxy_ids").await, 0);
+}
+
+/// A cursor whose batch was cut asks the upstream for no more documents
+/// than fitted in the reply. The server fills a batch up to 16 MiB of
+/// stored bytes, which names can make many times larger: without that cap
+/// every full batch of a long scan would be cut again, and its rest held in
+/// the proxy's memory until the next `getMore`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_whose_batch_was_cut_asks_for_batches_that_fit() {
+    let (a, _) = two_proxies("tokscan", 100).await;
+    let client = common::via_proxy(&a).await;
+    let db = client.database(&db_name("tokscan", "proxy"));
+    let c = db.collection::<Document>("c");
+    c.drop().await.unwrap();
+    insert_wide(&c, 60).await;
+    let first = db
+        .run_command(doc! {"find": "c", "sort": {"_id": 1}, "batchSize": 20})
+        .await
+        .unwrap();
+    let (mut seen, id, _) = batch_of(&first);
+    assert!(
+        seen.len() < 20,
+        "the batch was cut: {} documents",
+        seen.len()
+    );
+    // The driver's getMores ask for the server's default batch: all 40
+    // documents left, 40 MB with names.
+    let mut cursor = id;
+    while cursor != 0 {
+        let next = db
+            .run_command(doc! {"getMore": cursor, "collection": "c"})
+            .await
+            .unwrap();
+        let (ids, next_id, _) = batch_of(&next);
+        seen.extend(ids);
+        cursor = next_id;
+    }
+    let all: Vec<Bson> = (0..60).map(Bson::Int32).collect();
+    assert_eq!(seen, all);
+    let metrics = a.metrics_addr.unwrap();
+    assert_eq!(
+        common::metric(metrics, "laconic_cursor_batches_cut_total").await,
+        1,
+        "only the first batch was cut"
+    );
+    assert_eq!(
+        common::metric(metrics, "laconic_cursor_held_bytes").await,
+        0
+    );
 }
 
 /// Cursors whose batches another proxy would read as documents (index
