@@ -296,6 +296,16 @@ impl CursorTable {
         self.aliases.get(&id)?.most
     }
 
+    /// A batch of cursor `id`'s came back under half the reply limit: its
+    /// `getMore`s may ask for twice as many documents. The most it asks for
+    /// was set by the documents of the batch that was cut, which may have
+    /// been a few large ones among small.
+    pub fn widen(&self, id: i64) {
+        if let Some(mut alias) = self.aliases.get_mut(&id) {
+            alias.most = alias.most.map(|n| n.saturating_mul(2));
+        }
+    }
+
     /// The upstream cursor behind proxy id `id` is exhausted: the id is
     /// forgotten once no documents are held under it.
     pub fn exhausted(&self, id: i64) {
@@ -564,6 +574,9 @@ mod tests {
         assert_eq!(table.aliased("getMore", &get_more), vec![(70, 7)]);
         // Asking the upstream for no more than fitted in the cut reply.
         assert_eq!(table.most(&get_more), Some(3));
+        // A batch well within the limit: twice as many.
+        table.widen(70);
+        assert_eq!(table.most(&get_more), Some(6));
         assert!(table
             .check("getMore", &get_more, &owner(None, Some(2), 2))
             .is_err());

@@ -393,8 +393,11 @@ impl Exchange {
         if let (Some(&(proxy, _)), None, "getMore") =
             (self.aliases.first(), &replied.held, self.command.as_str())
         {
-            if cursor_id(&frame) == Some(0) {
-                ctx.cursors.exhausted(proxy);
+            let len = frame.op_msg().map_or(0, |m| m.body().as_bytes().len());
+            match cursor_id(&frame) {
+                Some(0) => ctx.cursors.exhausted(proxy),
+                _ if len < rewrite::cursor::MAX_REPLY_BODY / 2 => ctx.cursors.widen(proxy),
+                _ => {}
             }
         }
         if let Some((id, held)) = replied.held {

@@ -520,30 +520,36 @@ async fn a_scan_whose_batch_was_cut_asks_for_batches_that_fit() {
     let c = db.collection::<Document>("c");
     c.drop().await.unwrap();
     insert_wide(&c, 60).await;
+    // Then small documents: the cap the large ones set widens again.
+    c.insert_many((60..400).map(|i| doc! {"_id": i, "a_small_document": i}))
+        .await
+        .unwrap();
     let first = db
         .run_command(doc! {"find": "c", "sort": {"_id": 1}, "batchSize": 20})
         .await
         .unwrap();
     let (mut seen, id, _) = batch_of(&first);
-    assert!(
-        seen.len() < 20,
-        "the batch was cut: {} documents",
-        seen.len()
-    );
-    // The driver's getMores ask for the server's default batch: all 40
-    // documents left, 40 MB with names.
-    let mut cursor = id;
+    let fitted = seen.len();
+    assert!(fitted < 20, "the batch was cut: {fitted} documents");
+    // The driver's getMores ask for the server's default batch: the 40
+    // large documents left (40 MB with names), and the small ones.
+    let (mut cursor, mut largest) = (id, 0);
     while cursor != 0 {
         let next = db
             .run_command(doc! {"getMore": cursor, "collection": "c"})
             .await
             .unwrap();
         let (ids, next_id, _) = batch_of(&next);
+        largest = largest.max(ids.len());
         seen.extend(ids);
         cursor = next_id;
     }
-    let all: Vec<Bson> = (0..60).map(Bson::Int32).collect();
+    let all: Vec<Bson> = (0..400).map(Bson::Int32).collect();
     assert_eq!(seen, all);
+    assert!(
+        largest > 4 * fitted,
+        "batches of small documents grow past {fitted}: at most {largest}"
+    );
     let metrics = a.metrics_addr.unwrap();
     assert_eq!(
         common::metric(metrics, "laconic_cursor_batches_cut_total").await,
