@@ -208,6 +208,15 @@ pub fn reply(data: &[u8]) {
                 (Err(_), got) => assert!(got.is_err()),
             }
         }
+        // In the buffer of an earlier message, as a reply to a driver is
+        // written: the same bytes, nothing of the earlier ones.
+        let stale = vec![0xEE; (3 * data.len()).max(crate::wire::spare::SMALLEST)];
+        crate::wire::spare::give(bytes::Bytes::from(stale));
+        let body = expand::raw_body_within(doc, &dict, Strings::Data, &mut |n| n);
+        match (&whole, body) {
+            (Ok(w), Ok(body)) => assert_eq!(w.as_bytes(), body.document().as_bytes()),
+            (whole, body) => assert_eq!(whole.is_ok(), body.is_ok()),
+        }
     }
     let _ = expand::expand_text(&String::from_utf8_lossy(data), &dict);
     for (restore, hide) in [(true, None), (false, Some("_lk")), (true, Some("_lk"))] {

@@ -774,7 +774,7 @@ mod tests {
                         &dict,
                         strings,
                         &mut unknown,
-                        &mut Vec::new(),
+                        (&mut Vec::new(), 0),
                         &mut |n| n,
                     );
                     assert!(matches!(ran, Err(Refused::Malformed(Malformed::TooDeep))));
@@ -783,7 +783,7 @@ mod tests {
                         &dict,
                         strings,
                         &mut unknown,
-                        &mut Vec::new(),
+                        (&mut Vec::new(), 0),
                         &mut |n| n,
                     )
                     .unwrap();

@@ -99,24 +99,24 @@ impl Encoder<Bytes> for MessageCodec {
     }
 }
 
-/// Sends one frame and flushes it. A frame whose bytes are shared (one
-/// forwarded as it came: a slice of the buffer it was read into) is
-/// written from those bytes rather than copied into the write buffer
-/// first; any other goes through the encoder, which takes its buffer over.
-/// Either way the frame is written whole before this returns: callers await
-/// it to its end, as a send dropped halfway would leave the peer inside a
-/// message.
+/// Sends one frame and flushes it, written from its own bytes rather than
+/// copied into the write buffer first (unless that holds something still);
+/// a buffer nothing else holds then goes to [`super::spare`], for a later
+/// reply to be written in. The frame is written whole before this returns:
+/// callers await it to its end, as a send dropped halfway would leave the
+/// peer inside a message.
 pub async fn send<S: AsyncWrite + Unpin>(
     conn: &mut Framed<S, MessageCodec>,
     frame: Frame,
 ) -> Result<(), CodecError> {
     let bytes = frame.into_bytes();
-    if bytes.is_unique() || !conn.write_buffer().is_empty() {
+    if !conn.write_buffer().is_empty() {
         return conn.send(bytes).await;
     }
     let io = conn.get_mut();
     io.write_all(&bytes).await?;
     io.flush().await?;
+    super::spare::give(bytes);
     Ok(())
 }
 

@@ -12,6 +12,7 @@ mod legacy;
 mod op_compressed;
 mod op_msg;
 mod reader;
+pub mod spare;
 
 pub use codec::{send, CodecError, FrameReader, MessageCodec, Pace, UNSHARED_MESSAGE};
 pub use header::{Header, OpCode, HEADER_LEN, MAX_MESSAGE_SIZE};

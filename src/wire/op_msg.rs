@@ -138,6 +138,18 @@ impl MsgBody {
         buf
     }
 
+    /// A buffer to write a body of about `want` bytes into, from `AT` on:
+    /// one that carried an earlier message where one is kept
+    /// ([`super::spare`]). Its bytes past `AT` are an earlier message's,
+    /// to be written over (and the buffer cut where the body ends).
+    pub fn spare(want: usize) -> Vec<u8> {
+        let mut buf = super::spare::take(Self::AT + want);
+        if buf.len() < Self::AT {
+            buf.resize(Self::AT, 0);
+        }
+        buf
+    }
+
     /// The body written into `buf` (from [`MsgBody::buffer`]): one document,
     /// whose length prefix and final NUL are checked.
     pub fn new(buf: Vec<u8>) -> Result<MsgBody, WireError> {

@@ -312,29 +312,31 @@ pub fn raw_document_within<N: Names + ?Sized>(
     grow: &mut dyn FnMut(usize) -> usize,
 ) -> Result<RawDocumentBuf, Unreadable> {
     let mut out = Vec::new();
-    expand_into(doc, names, strings, &mut out, grow)?;
+    expand_into(doc, names, strings, (&mut out, 0), grow)?;
     RawDocumentBuf::from_bytes(out).map_err(|_| expanded_malformed())
 }
 
 /// [`raw_document_within`], written in place in the buffer of the message
-/// that will carry it to the driver.
+/// that will carry it to the driver: one that carried an earlier reply
+/// where there is one ([`MsgBody::spare`]).
 pub fn raw_body_within<N: Names + ?Sized>(
     doc: &RawDocument,
     names: &N,
     strings: Strings,
     grow: &mut dyn FnMut(usize) -> usize,
 ) -> Result<MsgBody, Unreadable> {
-    let mut out = MsgBody::buffer(0);
-    expand_into(doc, names, strings, &mut out, grow)?;
+    let mut out = MsgBody::spare(raw::room(doc.as_bytes().len()));
+    expand_into(doc, names, strings, (&mut out, MsgBody::AT), grow)?;
     MsgBody::new(out).map_err(|_| expanded_malformed())
 }
 
-/// Appends the expansion of `doc` to `out`, within the room `grow` grants.
+/// Writes the expansion of `doc` in `out` from `base` on (see
+/// [`raw::expand`]), within the room `grow` grants.
 fn expand_into<N: Names + ?Sized>(
     doc: &RawDocument,
     names: &N,
     strings: Strings,
-    out: &mut Vec<u8>,
+    out: (&mut Vec<u8>, usize),
     grow: &mut dyn FnMut(usize) -> usize,
 ) -> Result<(), Unreadable> {
     let mut unknown = Unknown::default();

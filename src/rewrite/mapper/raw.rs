@@ -314,7 +314,7 @@ mod tests {
             &dict,
             Strings::Data,
             &mut unknown,
-            &mut back,
+            (&mut back, 0),
             &mut |n| n,
         )
         .unwrap();
@@ -347,7 +347,7 @@ mod tests {
                 &dict,
                 Strings::Data,
                 &mut Unknown::default(),
-                &mut Vec::new(),
+                (&mut Vec::new(), 0),
                 &mut |n| n,
             );
         }
