@@ -524,8 +524,13 @@ async fn a_scan_whose_batch_was_cut_asks_for_batches_that_fit() {
     c.insert_many((60..400).map(|i| doc! {"_id": i, "a_small_document": i}))
         .await
         .unwrap();
+    // One session for the cursor, as a driver's cursor has (commands run
+    // apart may each take another implicit session, and a cursor is
+    // continued only in the session that opened it).
+    let mut session = client.start_session().await.unwrap();
     let first = db
         .run_command(doc! {"find": "c", "sort": {"_id": 1}, "batchSize": 20})
+        .session(&mut session)
         .await
         .unwrap();
     let (mut seen, id, _) = batch_of(&first);
@@ -537,6 +542,7 @@ async fn a_scan_whose_batch_was_cut_asks_for_batches_that_fit() {
     while cursor != 0 {
         let next = db
             .run_command(doc! {"getMore": cursor, "collection": "c"})
+            .session(&mut session)
             .await
             .unwrap();
         let (ids, next_id, _) = batch_of(&next);
