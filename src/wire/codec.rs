@@ -83,18 +83,10 @@ impl Encoder<Frame> for MessageCodec {
 impl Encoder<Bytes> for MessageCodec {
     type Error = CodecError;
 
+    /// Used only behind bytes still in the write buffer ([`send`] writes a
+    /// frame from its own bytes otherwise).
     fn encode(&mut self, bytes: Bytes, dst: &mut BytesMut) -> Result<(), CodecError> {
-        if dst.is_empty() {
-            // The usual case, one message per write: bytes nothing else
-            // holds (a frame encoded just now) are handed over as the
-            // write buffer, not copied into it.
-            match bytes.try_into_mut() {
-                Ok(owned) => *dst = owned,
-                Err(shared) => dst.extend_from_slice(&shared),
-            }
-        } else {
-            dst.extend_from_slice(&bytes);
-        }
+        dst.extend_from_slice(&bytes);
         Ok(())
     }
 }
@@ -109,6 +101,15 @@ pub async fn send<S: AsyncWrite + Unpin>(
     conn: &mut Framed<S, MessageCodec>,
     frame: Frame,
 ) -> Result<(), CodecError> {
+    send_keeping(conn, frame, super::spare::pool()).await
+}
+
+/// [`send`], its buffer kept in `spares`.
+pub(super) async fn send_keeping<S: AsyncWrite + Unpin>(
+    conn: &mut Framed<S, MessageCodec>,
+    frame: Frame,
+    spares: &super::spare::Spares,
+) -> Result<(), CodecError> {
     let bytes = frame.into_bytes();
     if !conn.write_buffer().is_empty() {
         return conn.send(bytes).await;
@@ -116,7 +117,7 @@ pub async fn send<S: AsyncWrite + Unpin>(
     let io = conn.get_mut();
     io.write_all(&bytes).await?;
     io.flush().await?;
-    super::spare::give(bytes);
+    spares.give(bytes);
     Ok(())
 }
 

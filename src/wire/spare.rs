@@ -24,8 +24,12 @@ pub const LARGEST: usize = 1 << 20;
 /// Below this, a buffer is not worth keeping, nor a message worth a kept one.
 pub const SMALLEST: usize = 4 << 10;
 
-/// The process's pool.
 static POOL: Spares = Spares::new();
+
+/// The process's pool.
+pub fn pool() -> &'static Spares {
+    &POOL
+}
 
 /// A buffer to write about `want` bytes in (see [`Spares::take`]).
 pub fn take(want: usize) -> Vec<u8> {

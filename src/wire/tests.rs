@@ -123,26 +123,45 @@ fn a_body_written_in_place_is_the_frame_it_makes() {
     );
 }
 
-#[test]
-fn a_frame_made_in_place_is_sent_without_a_copy() {
-    use tokio_util::codec::Encoder;
-    let doc = RawDocumentBuf::from_document(&doc! {"n": 1, "ok": 1.0}).unwrap();
+/// A frame made in place is written from its own buffer, not copied into
+/// the write buffer, and the buffer is kept for a later reply, its bytes as
+/// they were sent; a forwarded frame's buffer (a slice of what was read,
+/// which holds more) is not.
+#[tokio::test]
+async fn a_frame_made_in_place_is_sent_without_a_copy_and_its_buffer_kept() {
+    use super::spare::{Spares, SMALLEST};
+    use tokio::io::AsyncReadExt;
+    use tokio_util::codec::Framed;
+    let (a, mut b) = tokio::io::duplex(1 << 20);
+    let mut conn = Framed::new(a, MessageCodec::new(MAX_MESSAGE_SIZE));
+    let spares = Spares::new();
+    let doc = RawDocumentBuf::from_document(&doc! {"n": "x".repeat(SMALLEST), "ok": 1.0}).unwrap();
     let request = msg(0, vec![Section::Body(raw(doc! {"ping": 1, "$db": "d"}))]);
     let framed = request.with_body(MsgFlags(0), MsgBody::copy_of(&doc));
     let (at, expected) = {
         let bytes = framed.to_bytes();
         (bytes.as_ptr() as usize, bytes.to_vec())
     };
-    let mut dst = BytesMut::new();
-    MessageCodec::new(MAX_MESSAGE_SIZE)
-        .encode(framed, &mut dst)
+    super::codec::send_keeping(&mut conn, framed, &spares)
+        .await
         .unwrap();
-    assert_eq!(&dst[..], &expected[..]);
-    assert_eq!(
-        dst.as_ptr() as usize,
-        at,
-        "the frame's buffer is the write buffer"
-    );
+    assert!(conn.write_buffer().is_empty());
+    let kept = spares.take(SMALLEST);
+    assert_eq!(kept.as_ptr() as usize, at, "the frame's own buffer");
+    assert_eq!(kept, expected);
+    // Forwarded as it came: written, not kept.
+    let mut read = expected.clone();
+    read.extend_from_slice(b"the next message");
+    let read = Bytes::from(read);
+    let forwarded = Frame::parse(read.slice(..expected.len()), MAX_MESSAGE_SIZE).unwrap();
+    super::codec::send_keeping(&mut conn, forwarded, &spares)
+        .await
+        .unwrap();
+    assert!(spares.take(SMALLEST).is_empty());
+    drop(conn);
+    let mut got = Vec::new();
+    b.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got, [expected.clone(), expected].concat());
 }
 
 #[test]
