@@ -29,13 +29,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Runtime::new()?;
+    let runtime = tokio::runtime::Runtime::new;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(*args)),
-        Command::Replay(args) => runtime.block_on(replay(args)),
+        // Sessions run on worker threads of their own (`proxy.threads`);
+        // this one accepts connections and runs the background work.
+        Command::Serve(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(serve(*args)),
+        Command::Replay(args) => runtime()?.block_on(replay(args)),
         Command::Bench(BenchCommand::Proxy(args)) => {
             init_tracing(LogFormat::Text, "warn");
-            runtime
+            runtime()?
                 .block_on(laconic::tools::bench::run(args))
                 .map_err(tool)
         }
@@ -43,7 +48,7 @@ fn main() -> anyhow::Result<()> {
             laconic::tools::bench::rewrite::run(&args);
             Ok(())
         }
-        Command::Bench(BenchCommand::Store(args)) => runtime
+        Command::Bench(BenchCommand::Store(args)) => runtime()?
             .block_on(laconic::tools::bench::store::run(&args))
             .map_err(tool),
         Command::Bench(BenchCommand::Shards(params)) => {
@@ -51,10 +56,10 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Uuid(cmd) => uuid(cmd),
-        Command::Analyze(args) => runtime.block_on(analyze(*args)),
-        Command::Migrate(args) => runtime.block_on(migrate(*args)),
-        Command::Store(cmd) => runtime.block_on(store(cmd)),
-        Command::Top(args) => runtime
+        Command::Analyze(args) => runtime()?.block_on(analyze(*args)),
+        Command::Migrate(args) => runtime()?.block_on(migrate(*args)),
+        Command::Store(cmd) => runtime()?.block_on(store(cmd)),
+        Command::Top(args) => runtime()?
             .block_on(laconic::tools::top::run(
                 &args.metrics,
                 std::time::Duration::from_secs_f64(args.interval.max(0.1)),

@@ -168,6 +168,12 @@ pub struct ProxyConfig {
     pub srv_rescan_ms: u64,
     /// Downstream connections served at once; further ones are closed at accept.
     pub max_connections: usize,
+    /// Threads that serve sessions (0: one per core).
+    pub threads: usize,
+    /// Whether those threads share one runtime, a session running on
+    /// whichever is free (the default), rather than each serving the
+    /// connections it was given (README, "Threads").
+    pub work_stealing: bool,
     /// Time allowed to open the upstream connection.
     pub connect_timeout_ms: u64,
     /// Time a new downstream connection has to send its first message, and
@@ -330,6 +336,9 @@ pub const DEFAULT_MAX_WORK_BYTES: usize = 16 * MAX_MESSAGE_SIZE;
 /// hold before it is moved to the heavy work), and `max_read_bytes`.
 pub const MIN_WORK_BYTES: usize = 16 << 20;
 
+/// More threads than any machine this serves has cores.
+const MAX_THREADS: usize = 1024;
+
 impl Default for ProxyConfig {
     fn default() -> Self {
         ProxyConfig {
@@ -338,6 +347,8 @@ impl Default for ProxyConfig {
             dns_server: None,
             srv_rescan_ms: 60_000,
             max_connections: 4096,
+            threads: 0,
+            work_stealing: true,
             connect_timeout_ms: 10_000,
             handshake_timeout_ms: 10_000,
             shutdown_grace_ms: 10_000,
@@ -454,6 +465,13 @@ impl Config {
                 "proxy.max_connections",
                 "0".into(),
                 "must be at least 1",
+            ));
+        }
+        if p.threads > MAX_THREADS {
+            return Err(invalid(
+                "proxy.threads",
+                p.threads.to_string(),
+                "must be at most 1024 (0: one per core)",
             ));
         }
         for (key, bytes) in [
@@ -688,6 +706,11 @@ mod tests {
             config.proxy.max_held_bytes,
             ProxyConfig::default().max_held_bytes
         );
+        let d = ProxyConfig::default();
+        assert_eq!(
+            (config.proxy.threads, config.proxy.work_stealing),
+            (d.threads, d.work_stealing)
+        );
     }
 
     #[test]
@@ -717,6 +740,15 @@ mod tests {
         let err = c.validate().unwrap_err().to_string();
         assert!(
             err.contains("proxy.upstream_compressors") && err.contains("lz4"),
+            "{err}"
+        );
+
+        let mut c = Config::parse("[proxy]\nthreads = 1\nwork_stealing = false\n").unwrap();
+        assert_eq!((c.proxy.threads, c.proxy.work_stealing), (1, false));
+        c.proxy.threads = 5000;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("proxy.threads") && err.contains("5000"),
             "{err}"
         );
 

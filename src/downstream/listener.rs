@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
 use super::session::Session;
+use super::workers::Workers;
 use crate::config::ProxyConfig;
 use crate::context::ProxyContext;
 use crate::shutdown::Shutdown;
@@ -20,6 +21,7 @@ pub struct Proxy {
     metrics_listener: Option<TcpListener>,
     ctx: Arc<ProxyContext>,
     shutdown: Shutdown,
+    workers: Workers,
 }
 
 /// A running proxy: its address, and the means to stop it.
@@ -52,11 +54,13 @@ impl Proxy {
             Some(addr) => Some(TcpListener::bind(addr.as_str()).await?),
             None => None,
         };
+        let workers = Workers::start(config.threads, config.work_stealing)?;
         Ok(Proxy {
             listener,
             metrics_listener,
             ctx: Arc::new(ProxyContext::new(config).await?),
             shutdown: Shutdown::new(),
+            workers,
         })
     }
 
@@ -162,11 +166,20 @@ impl Proxy {
                 continue;
             };
             let _ = stream.set_nodelay(true);
+            // The socket is registered again on the worker that serves it.
+            let stream = match stream.into_std() {
+                Ok(s) => s,
+                Err(e) => {
+                    info!(client.addr = %peer, error = %e, "closing connection at accept");
+                    continue;
+                }
+            };
             let ctx = self.ctx.clone();
             let shutdown = self.shutdown.clone();
             ctx.metrics.connection_opened();
-            self.shutdown.tracker().spawn(async move {
-                match secure(&ctx, stream).await {
+            self.workers.spawn(self.shutdown.tracker(), move || async move {
+                let secured = async { secure(&ctx, TcpStream::from_std(stream)?).await };
+                match secured.await {
                     Ok(stream) => Session::new(stream, peer, ctx.clone(), shutdown).run().await,
                     Err(e) => {
                         info!(client.addr = %peer, error = %e, "closing connection before its first message")
@@ -177,6 +190,13 @@ impl Proxy {
             });
         }
         info!("stopped accepting connections");
+        // The workers run until the sessions on them end (the drain), or
+        // until this runtime stops.
+        let (tracker, workers) = (self.shutdown.tracker().clone(), self.workers);
+        tokio::spawn(async move {
+            tracker.wait().await;
+            drop(workers);
+        });
     }
 }
 

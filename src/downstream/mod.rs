@@ -4,5 +4,6 @@
 pub mod http;
 pub mod listener;
 pub mod session;
+pub mod workers;
 
 pub use listener::{Proxy, ProxyHandle};

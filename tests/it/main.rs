@@ -23,6 +23,7 @@ mod pymongo;
 mod schema;
 mod shard_key;
 mod shutdown;
+mod threads;
 mod tls;
 mod tokenize;
 mod topology;
