@@ -199,10 +199,6 @@ pub struct ServeArgs {
     /// Threads that serve sessions (0: one per core).
     #[arg(long, env = "LACONIC_THREADS")]
     pub threads: Option<usize>,
-    /// Serve sessions on one runtime whose threads share them, rather than
-    /// each connection on the thread it was given.
-    #[arg(long, value_name = "BOOL", env = "LACONIC_WORK_STEALING")]
-    pub work_stealing: Option<bool>,
     /// Grace period for requests in flight at shutdown, in milliseconds.
     #[arg(long, env = "LACONIC_SHUTDOWN_GRACE_MS")]
     pub shutdown_grace_ms: Option<u64>,
@@ -336,9 +332,6 @@ impl ServeArgs {
         }
         if let Some(v) = self.threads {
             p.threads = v;
-        }
-        if let Some(v) = self.work_stealing {
-            p.work_stealing = v;
         }
         if let Some(v) = self.metrics_listen {
             p.metrics_listen = Some(v);

@@ -168,12 +168,8 @@ pub struct ProxyConfig {
     pub srv_rescan_ms: u64,
     /// Downstream connections served at once; further ones are closed at accept.
     pub max_connections: usize,
-    /// Threads that serve sessions (0: one per core).
+    /// Threads that serve sessions (0: one per core; README, "Threads").
     pub threads: usize,
-    /// Whether those threads share one runtime, a session running on
-    /// whichever is free (the default), rather than each serving the
-    /// connections it was given (README, "Threads").
-    pub work_stealing: bool,
     /// Time allowed to open the upstream connection.
     pub connect_timeout_ms: u64,
     /// Time a new downstream connection has to send its first message, and
@@ -348,7 +344,6 @@ impl Default for ProxyConfig {
             srv_rescan_ms: 60_000,
             max_connections: 4096,
             threads: 0,
-            work_stealing: true,
             connect_timeout_ms: 10_000,
             handshake_timeout_ms: 10_000,
             shutdown_grace_ms: 10_000,
@@ -707,10 +702,7 @@ mod tests {
             ProxyConfig::default().max_held_bytes
         );
         let d = ProxyConfig::default();
-        assert_eq!(
-            (config.proxy.threads, config.proxy.work_stealing),
-            (d.threads, d.work_stealing)
-        );
+        assert_eq!(config.proxy.threads, d.threads);
     }
 
     #[test]
@@ -743,8 +735,8 @@ mod tests {
             "{err}"
         );
 
-        let mut c = Config::parse("[proxy]\nthreads = 1\nwork_stealing = false\n").unwrap();
-        assert_eq!((c.proxy.threads, c.proxy.work_stealing), (1, false));
+        let mut c = Config::parse("[proxy]\nthreads = 1\n").unwrap();
+        assert_eq!(c.proxy.threads, 1);
         c.proxy.threads = 5000;
         let err = c.validate().unwrap_err().to_string();
         assert!(

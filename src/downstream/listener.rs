@@ -54,7 +54,7 @@ impl Proxy {
             Some(addr) => Some(TcpListener::bind(addr.as_str()).await?),
             None => None,
         };
-        let workers = Workers::start(config.threads, config.work_stealing)?;
+        let workers = Workers::start(config.threads)?;
         Ok(Proxy {
             listener,
             metrics_listener,
@@ -177,7 +177,7 @@ impl Proxy {
             let ctx = self.ctx.clone();
             let shutdown = self.shutdown.clone();
             ctx.metrics.connection_opened();
-            self.workers.spawn(self.shutdown.tracker(), move || async move {
+            self.workers.spawn(self.shutdown.tracker(), async move {
                 let secured = async { secure(&ctx, TcpStream::from_std(stream)?).await };
                 match secured.await {
                     Ok(stream) => Session::new(stream, peer, ctx.clone(), shutdown).run().await,

@@ -1,7 +1,7 @@
-//! The threads sessions run on (`proxy.threads`, `proxy.work_stealing`):
-//! however they are set, clients on many connections at once read back
-//! what they wrote, key order included, through cursors of many batches,
-//! and a shutdown waits for the request in flight.
+//! The threads sessions run on (`proxy.threads`): one or several, clients
+//! on many connections at once read back what they wrote, key order
+//! included, through cursors of many batches, and a shutdown waits for the
+//! request in flight.
 
 use std::time::Duration;
 
@@ -22,13 +22,12 @@ fn profile(client: usize, i: usize) -> Document {
 }
 
 /// Six clients, each with a pool of its own, write and read back at once
-/// through a tokenizing proxy whose sessions run as `threads` and
-/// `work_stealing` say; then a large insert is in flight at shutdown.
-async fn clients_are_served(test: &str, threads: usize, work_stealing: bool) {
+/// through a tokenizing proxy whose sessions run on `threads` threads;
+/// then a large insert is in flight at shutdown.
+async fn clients_are_served(test: &str, threads: usize) {
     let mut config = common::proxy_config(&common::upstream().uri);
     config.tokenize.min_len = 4;
     config.threads = threads;
-    config.work_stealing = work_stealing;
     let proxy = common::start(config).await;
     let db = db_name("threads", test);
     let setup = common::via_proxy(&proxy).await;
@@ -101,20 +100,14 @@ async fn clients_are_served(test: &str, threads: usize, work_stealing: bool) {
     assert_eq!(inserted.inserted_ids.len(), 20_000);
 }
 
-/// Each of two threads serves the connections it was handed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn threads_serving_their_own_connections_serve_every_client() {
-    clients_are_served("own", 2, false).await;
-}
-
 /// Three threads sharing one runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn threads_sharing_one_runtime_serve_every_client() {
-    clients_are_served("shared", 3, true).await;
+    clients_are_served("shared", 3).await;
 }
 
 /// One thread, a single-threaded runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_thread_serves_every_client() {
-    clients_are_served("single", 1, true).await;
+    clients_are_served("single", 1).await;
 }
