@@ -3,7 +3,8 @@
 //! The data path, one module per stage:
 //!
 //! 1. **accept** — [`downstream::listener`]: the accept loop, the connection
-//!    limit, graceful shutdown;
+//!    limit, graceful shutdown; each session then runs on the
+//!    [`downstream::workers`];
 //! 2. **read frame** — [`downstream::session`] reads frames through
 //!    [`wire::MessageCodec`];
 //! 3. **decode** — [`wire`]: the sans-IO codec (OP_MSG, OP_QUERY/OP_REPLY,
