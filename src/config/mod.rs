@@ -701,8 +701,7 @@ mod tests {
             config.proxy.max_held_bytes,
             ProxyConfig::default().max_held_bytes
         );
-        let d = ProxyConfig::default();
-        assert_eq!(config.proxy.threads, d.threads);
+        assert_eq!(config.proxy.threads, ProxyConfig::default().threads);
     }
 
     #[test]
