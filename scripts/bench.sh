@@ -2,7 +2,7 @@
 # Runs `laconic bench`: the same driver workload directly against an
 # upstream, through Laconic, and through haproxy in TCP mode, in one run.
 #
-#   scripts/bench.sh [--rust-upstream] [--tls] [laconic bench options…]
+#   scripts/bench.sh [--rust-upstream] [--tls] [--split-cpus] [laconic bench options…]
 #
 # By default the upstream is the Python SecantusDB of the tests. With
 # --rust-upstream it is SecantusDB's Rust server (`secantusd-rs`, built once
@@ -10,14 +10,22 @@
 # is several times faster and so shows the proxy's own cost more clearly.
 # With --tls a tokenizing Laconic serving drivers over TLS is measured too
 # (certificates made here with openssl).
+# With --split-cpus the upstream runs on the first CPU and the benchmark
+# (its driver and every proxy it measures) on the others, as a proxy shares
+# its application's host while the database has a host of its own: left to
+# the scheduler, the three share every core, and where it places them
+# moves the one-client cases by a third from run to run (README,
+# Benchmarks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rust=false
 tls=false
+split=false
 while true; do
   case "${1:-}" in
     --rust-upstream) rust=true; shift ;;
     --tls) tls=true; shift ;;
+    --split-cpus) split=true; shift ;;
     *) break ;;
   esac
 done
@@ -35,10 +43,12 @@ if $rust; then
     > "$work/up.out" 2>&1 &
   until grep -q "listening on" "$work/up.out"; do sleep 0.1; done
   port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$work/up.out" | head -1)
+  up_pid=$!
   echo "upstream: secantusd-rs on 127.0.0.1:$port" >&2
 else
   start_upstream
   port=$UPSTREAM_PORT
+  up_pid=$UP_PID
   echo "upstream: secantusd-py on 127.0.0.1:$port" >&2
 fi
 tls_args=()
@@ -52,4 +62,18 @@ if $tls; then
     -CAcreateserial -days 2 -extfile "$work/san.ext" -out "$work/proxy.pem" 2>/dev/null
   tls_args=(--tls-cert "$work/proxy.pem" --tls-key "$work/proxy.key" --tls-ca "$work/ca.pem")
 fi
-./target/release/laconic bench proxy --upstream "mongodb://127.0.0.1:$port/" "${tls_args[@]}" "$@"
+pin=()
+if $split; then
+  cpus=$(nproc)
+  if [ "$cpus" -lt 2 ]; then
+    echo "--split-cpus needs two CPUs; this machine has $cpus" >&2
+    exit 2
+  fi
+  # Every thread the upstream has started, and those it starts later.
+  taskset -a -p -c 0 "$up_pid" > /dev/null
+  rest=1
+  [ "$cpus" -gt 2 ] && rest="1-$((cpus - 1))"
+  pin=(taskset -c "$rest")
+  echo "cpus: the upstream on 0, the benchmark on $rest" >&2
+fi
+"${pin[@]}" ./target/release/laconic bench proxy --upstream "mongodb://127.0.0.1:$port/" "${tls_args[@]}" "$@"

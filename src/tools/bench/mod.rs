@@ -324,6 +324,13 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
             "no tokenizing target".into()
         }
     );
+    // What the scheduler lets the driver and the proxies use (their CPU
+    // affinity, as `scripts/bench.sh --split-cpus` sets it, and any quota):
+    // where they run moves the one-client cases (README, Benchmarks).
+    println!(
+        "cpus: the driver and the proxies run on {}",
+        std::thread::available_parallelism().map_or_else(|_| "?".into(), |n| n.to_string())
+    );
     let summary = run_cases(&args, &prepared).await?;
     print_summary(&summary);
     if args.bulk {
