@@ -14,7 +14,7 @@
 # (its driver and every proxy it measures) on the others, as a proxy shares
 # its application's host while the database has a host of its own: left to
 # the scheduler, the three share every core, and where it places them
-# moves the one-client cases by a third from run to run (README,
+# moves the one-client cases by up to a third from run to run (README,
 # Benchmarks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
