@@ -154,6 +154,15 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
         if let Some(bar) = &bar {
             bar.set_position(summary.examined);
         }
+        // Past the collection's end as it stood, documents an application
+        // writes through proxies are in the target form already. Chasing
+        // them would never end under a steady stream of inserts (and on a
+        // server whose `_id` scan reads the whole collection, it fell one
+        // insert behind per read). The run goes on only while documents
+        // written there otherwise, straight to the deployment, need it.
+        if reader.past_the_end() && rewritten == 0 {
+            break;
+        }
     }
     for (name, key) in &index_plan {
         rebuild_index(&db, &opts.collection, name, key).await?;
@@ -264,7 +273,8 @@ fn progress_bar(total: u64) -> indicatif::ProgressBar {
 /// last `_id` done: one cursor (an index scan); one lost on the way (a
 /// server restart, an idle timeout) is opened again after the last `_id`
 /// done, and once it ends one more is opened, for documents inserted
-/// meanwhile, until one finds nothing.
+/// meanwhile, until one finds nothing (or the run stops reading them:
+/// [`Batches::past_the_end`]).
 struct Batches<'a> {
     coll: &'a Collection<RawDocumentBuf>,
     /// The `_id` of the last document handed out.
@@ -273,6 +283,11 @@ struct Batches<'a> {
     cursor: Option<mongodb::Cursor<RawDocumentBuf>>,
     reopened: usize,
     read_since_open: usize,
+    /// Whether a cursor has ended: the one open now reads what was
+    /// inserted after the collection's end as it stood.
+    ended: bool,
+    /// Whether the last batch handed out was read so.
+    past_the_end: bool,
 }
 
 impl<'a> Batches<'a> {
@@ -284,11 +299,23 @@ impl<'a> Batches<'a> {
             cursor: None,
             reopened: 0,
             read_since_open: 0,
+            ended: false,
+            past_the_end: false,
         }
+    }
+
+    /// Whether the last batch holds documents inserted after the
+    /// collection's end was read: after the migration's notice, so those
+    /// written through proxies are in its target form already.
+    fn past_the_end(&self) -> bool {
+        self.past_the_end
     }
 
     async fn next(&mut self) -> crate::tools::Result<Option<Vec<RawDocumentBuf>>> {
         let mut batch: Vec<RawDocumentBuf> = Vec::with_capacity(self.size);
+        // A batch is read from one cursor: the one open when it began, or,
+        // if that one ended before the batch held anything, the next.
+        self.past_the_end = self.ended;
         while batch.len() < self.size {
             let c = match &mut self.cursor {
                 Some(c) => c,
@@ -310,9 +337,11 @@ impl<'a> Batches<'a> {
                 Ok(None) => {
                     self.cursor = None;
                     self.read_since_open = 0;
+                    self.ended = true;
                     if !batch.is_empty() {
                         break; // done first, so that `last` moves past it
                     }
+                    self.past_the_end = true;
                 }
                 Err(e) if self.reopened < 3 => {
                     tracing::warn!(error = %e, "migration cursor lost; reading again after the last _id done");
