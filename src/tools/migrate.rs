@@ -151,17 +151,9 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
                 "$inc": {"rewritten": rewritten as i64}},
             )
             .await?;
+        reader.converted(rewritten);
         if let Some(bar) = &bar {
             bar.set_position(summary.examined);
-        }
-        // Past the collection's end as it stood, documents an application
-        // writes through proxies are in the target form already. Chasing
-        // them would never end under a steady stream of inserts (and on a
-        // server whose `_id` scan reads the whole collection, it fell one
-        // insert behind per read). The run goes on only while documents
-        // written there otherwise, straight to the deployment, need it.
-        if reader.past_the_end() && rewritten == 0 {
-            break;
         }
     }
     for (name, key) in &index_plan {
@@ -272,10 +264,10 @@ fn progress_bar(total: u64) -> indicatif::ProgressBar {
 /// A collection's documents in `_id` order, a batch at a time, after the
 /// last `_id` done: one cursor (an index scan); one lost on the way (a
 /// server restart, an idle timeout) is opened again after the last `_id`
-/// done, and once it ends one more is opened, for documents inserted
-/// meanwhile, until one finds nothing (or the run stops reading them:
-/// [`Batches::past_the_end`]).
-struct Batches<'a> {
+/// done. Once it ends, one more is opened, for documents inserted
+/// meanwhile, until one finds nothing or a batch of them needed no
+/// conversion ([`Batches::converted`]).
+pub struct Batches<'a> {
     coll: &'a Collection<RawDocumentBuf>,
     /// The `_id` of the last document handed out.
     last: Bson,
@@ -288,10 +280,13 @@ struct Batches<'a> {
     ended: bool,
     /// Whether the last batch handed out was read so.
     past_the_end: bool,
+    /// Whether the read is over: a batch past the end needed nothing.
+    done: bool,
 }
 
 impl<'a> Batches<'a> {
-    fn new(coll: &'a Collection<RawDocumentBuf>, after: Bson, size: usize) -> Batches<'a> {
+    /// The documents after `_id` `after`, `size` at a time.
+    pub fn new(coll: &'a Collection<RawDocumentBuf>, after: Bson, size: usize) -> Batches<'a> {
         Batches {
             coll,
             last: after,
@@ -301,17 +296,27 @@ impl<'a> Batches<'a> {
             read_since_open: 0,
             ended: false,
             past_the_end: false,
+            done: false,
         }
     }
 
-    /// Whether the last batch holds documents inserted after the
-    /// collection's end was read: after the migration's notice, so those
-    /// written through proxies are in its target form already.
-    fn past_the_end(&self) -> bool {
-        self.past_the_end
+    /// How many documents of the last batch were converted. Past the
+    /// collection's end as it stood (documents inserted after the
+    /// migration's notice), those written through proxies are in the
+    /// target form already: a batch of them that needed nothing ends the
+    /// read. Chasing them would never end under a steady stream of inserts
+    /// (on a server whose `_id`-ordered read reads the whole collection, it
+    /// fell one insert behind per read). Documents written straight to the
+    /// deployment keep it reading.
+    pub fn converted(&mut self, rewritten: u64) {
+        self.done |= self.past_the_end && rewritten == 0;
     }
 
-    async fn next(&mut self) -> crate::tools::Result<Option<Vec<RawDocumentBuf>>> {
+    /// The next batch; `None` when the read is over.
+    pub async fn next(&mut self) -> crate::tools::Result<Option<Vec<RawDocumentBuf>>> {
+        if self.done {
+            return Ok(None);
+        }
         let mut batch: Vec<RawDocumentBuf> = Vec::with_capacity(self.size);
         // A batch is read from one cursor: the one open when it began, or,
         // if that one ended before the batch held anything, the next.

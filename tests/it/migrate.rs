@@ -448,6 +448,43 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     );
 }
 
+/// The migration's read, step by step. Past the collection's end as it
+/// stood, it reads the documents inserted meanwhile while they need
+/// converting (written straight to the deployment) and ends at a batch of
+/// them that needs nothing (written through proxies, which know of the
+/// migration): however many more are inserted after, it reads no further.
+/// Before the end, a batch that needed nothing ends nothing.
+#[tokio::test]
+async fn the_read_past_the_collections_end_goes_on_only_while_it_converts() {
+    use laconic::tools::migrate::Batches;
+    let db = db_name("mig_end", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let coll: Collection<RawDocumentBuf> = direct.database(&db).collection("c");
+    let insert = |ids: std::ops::Range<i32>| {
+        let c: Collection<Document> = direct.database(&db).collection("c");
+        async move { c.insert_many(ids.map(|i| doc! {"_id": i})).await.unwrap() }
+    };
+    let ids = |batch: Option<Vec<RawDocumentBuf>>| -> Option<Vec<i32>> {
+        batch.map(|b| b.iter().map(|d| d.get_i32("_id").unwrap()).collect())
+    };
+    insert(0..3).await;
+    let mut read = Batches::new(&coll, Bson::MinKey, 2);
+    assert_eq!(ids(read.next().await.unwrap()), Some(vec![0, 1]));
+    read.converted(0);
+    // The cursor ends with this batch: the collection's end as it stood.
+    assert_eq!(ids(read.next().await.unwrap()), Some(vec![2]));
+    read.converted(1);
+    insert(3..5).await;
+    assert_eq!(ids(read.next().await.unwrap()), Some(vec![3, 4]));
+    read.converted(2);
+    insert(5..6).await;
+    assert_eq!(ids(read.next().await.unwrap()), Some(vec![5]));
+    read.converted(0);
+    insert(6..9).await;
+    assert_eq!(ids(read.next().await.unwrap()), None, "the read is over");
+}
+
 /// A proxy tokenizing as the migrations here do, with `configure`'s
 /// changes, and the collection `events` of `app` through it.
 async fn events_through(
