@@ -8,7 +8,7 @@ use crate::token::StoreError;
 use crate::wire::{Frame, Message, MsgFlags, OpMsg, OpReply, WireError};
 
 /// Which side of the proxy an error came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Side {
     /// The driver sent something the proxy will not forward.
     Downstream,

@@ -71,6 +71,7 @@ async fn answer(mut stream: TcpStream, ctx: &ProxyContext) -> std::io::Result<()
                     reply: ctx.replies.held(),
                     proxy_ids: ctx.cursors.proxy_ids(),
                 },
+                crate::observe::Limits::of(&ctx.config),
             ),
         ),
         ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),

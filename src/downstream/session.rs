@@ -102,7 +102,7 @@ impl Session {
         match served {
             Ok(()) => debug!(session = self.id, "session closed"),
             Err(e) => {
-                self.ctx.metrics.error(e.code().1);
+                self.ctx.metrics.error(e.code().1, e.side());
                 if e.side() == Side::Upstream && e.code().0 == 6 {
                     self.ctx.upstream.topology.suspect();
                     // A server that comes back may be another one (restored
@@ -137,7 +137,7 @@ impl Session {
                 let outcome = x.outcome(&e, pending);
                 if outcome.answer {
                     debug!(session = self.id, command = ?x.command(), error = %escaped(&e), "answering with an error");
-                    self.ctx.metrics.error(e.code().1);
+                    self.ctx.metrics.error(e.code().1, e.side());
                     let id = self.local_id();
                     let reply = error_reply(&e, x.request_frame(), id);
                     self.write_back(&x, reply, None).await?;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
+use crate::error::Side;
 use crate::rewrite::catalogue;
 use crate::token::store::Status;
 
@@ -83,6 +84,35 @@ pub struct Held {
     pub proxy_ids: usize,
 }
 
+/// What each of the gauges above may reach: the configured limits, served
+/// beside them so that an alert can compare the two (`laconic_reply_bytes /
+/// laconic_reply_bytes_limit`) whatever the configuration.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Limits {
+    /// `proxy.max_connections`.
+    pub connections: usize,
+    /// `proxy.max_held_bytes`.
+    pub held: usize,
+    /// `proxy.max_work_bytes`.
+    pub work: usize,
+    /// `proxy.max_read_bytes`.
+    pub read: usize,
+    /// `proxy.max_reply_bytes`.
+    pub reply: usize,
+}
+
+impl Limits {
+    pub fn of(config: &crate::config::ProxyConfig) -> Limits {
+        Limits {
+            connections: config.max_connections,
+            held: config.max_held_bytes,
+            work: config.max_work_bytes,
+            read: config.max_read_bytes,
+            reply: config.max_reply_bytes,
+        }
+    }
+}
+
 /// What came of a read sampled for shadow mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shadowed {
@@ -117,8 +147,9 @@ pub struct Metrics {
     documents: [DashMap<String, [AtomicU64; 2]>; 2],
     /// Series folded into `other` by the namespace cap.
     folded: AtomicU64,
-    /// Error replies and closed connections, by kind.
-    errors: DashMap<&'static str, AtomicU64>,
+    /// Error replies and closed connections, by kind and by the side
+    /// they came from.
+    errors: DashMap<(&'static str, Side), AtomicU64>,
     store_hits: AtomicU64,
     store_misses: AtomicU64,
     store_round_trips: AtomicU64,
@@ -136,6 +167,19 @@ impl Default for Metrics {
 fn command_label(command: &str) -> &'static str {
     catalogue::lookup(command).map_or("other", |e| e.name)
 }
+
+/// Errors that `deploy/prometheus/laconic-alerts.yaml` alerts on, served
+/// at 0 from the start: a counter's series that first appears at 1 gives
+/// `increase()` nothing to compare its first sample with, and the first
+/// such error would go unseen.
+const WATCHED: [(&str, Side); 6] = [
+    ("DataCorruptionDetected", Side::Upstream),
+    ("HostUnreachable", Side::Upstream),
+    ("NetworkTimeout", Side::Upstream),
+    ("ExceededMemoryLimit", Side::Internal),
+    ("ExceededMemoryLimit", Side::Downstream),
+    ("CommandNotSupported", Side::Downstream),
+];
 
 impl Metrics {
     pub fn new(enabled: bool) -> Metrics {
@@ -156,7 +200,11 @@ impl Metrics {
             bytes: Default::default(),
             documents: Default::default(),
             folded: AtomicU64::new(0),
-            errors: DashMap::new(),
+            errors: if enabled {
+                WATCHED.iter().map(|&e| (e, AtomicU64::new(0))).collect()
+            } else {
+                DashMap::new()
+            },
             store_hits: AtomicU64::new(0),
             store_misses: AtomicU64::new(0),
             store_round_trips: AtomicU64::new(0),
@@ -237,9 +285,15 @@ impl Metrics {
         add(&map.entry(key).or_default());
     }
 
-    pub fn error(&self, kind: &'static str) {
+    /// An error reply or a closed connection: its code name, and the side
+    /// it came from (a driver's connection lost mid-reply and an upstream
+    /// that cannot be reached are both `HostUnreachable`).
+    pub fn error(&self, kind: &'static str, side: Side) {
         if !self.off {
-            self.errors.entry(kind).or_default().fetch_add(1, Relaxed);
+            self.errors
+                .entry((kind, side))
+                .or_default()
+                .fetch_add(1, Relaxed);
         }
     }
 
@@ -290,13 +344,13 @@ impl Metrics {
 
     /// The Prometheus text exposition, with the dictionaries' states and
     /// what the memory budgets hold now.
-    pub fn render(&self, dictionaries: &[Status], held: Held) -> String {
+    pub fn render(&self, dictionaries: &[Status], held: Held, limits: Limits) -> String {
         let mut out = String::new();
         if self.off {
             out.push_str("# metrics collection is off (proxy.metrics = false)\n");
             return out;
         }
-        self.render_connections(&mut out, held);
+        self.render_connections(&mut out, held, limits);
         self.render_requests(&mut out);
         self.render_bytes(&mut out);
         self.render_store(&mut out, dictionaries);
@@ -304,7 +358,7 @@ impl Metrics {
         out
     }
 
-    fn render_connections(&self, out: &mut String, held: Held) {
+    fn render_connections(&self, out: &mut String, held: Held, limits: Limits) {
         for (name, kind, help, v) in [
             (
                 "laconic_connections_open",
@@ -363,6 +417,28 @@ impl Metrics {
         ] {
             family(out, name, kind, help);
             let _ = writeln!(out, "{name} {v}");
+        }
+        for (name, setting, limit) in [
+            (
+                "laconic_connections_limit",
+                "max_connections",
+                limits.connections,
+            ),
+            (
+                "laconic_cursor_held_bytes_limit",
+                "max_held_bytes",
+                limits.held,
+            ),
+            (
+                "laconic_heavy_work_bytes_limit",
+                "max_work_bytes",
+                limits.work,
+            ),
+            ("laconic_read_bytes_limit", "max_read_bytes", limits.read),
+            ("laconic_reply_bytes_limit", "max_reply_bytes", limits.reply),
+        ] {
+            family(out, name, "gauge", &format!("proxy.{setting}."));
+            let _ = writeln!(out, "{name} {limit}");
         }
     }
 
@@ -564,17 +640,32 @@ impl Metrics {
             out,
             "laconic_errors_total",
             "counter",
-            "Error replies and closed connections, by kind (refusals are CommandNotSupported).",
+            "Error replies and closed connections, by kind (refusals are CommandNotSupported) and side (client: what a driver sent or a driver's connection lost; upstream: the deployment or the name store in it; proxy: its own limits and faults).",
         );
-        let mut errors: Vec<(&str, u64)> = self
+        let mut errors: Vec<(&str, &str, u64)> = self
             .errors
             .iter()
-            .map(|e| (*e.key(), e.value().load(Relaxed)))
+            .map(|e| {
+                let (kind, side) = *e.key();
+                (kind, side_label(side), e.value().load(Relaxed))
+            })
             .collect();
         errors.sort_unstable();
-        for (kind, n) in errors {
-            let _ = writeln!(out, "laconic_errors_total{{kind=\"{kind}\"}} {n}");
+        for (kind, side, n) in errors {
+            let _ = writeln!(
+                out,
+                "laconic_errors_total{{kind=\"{kind}\",side=\"{side}\"}} {n}"
+            );
         }
+    }
+}
+
+/// The `side` label of an error.
+fn side_label(side: Side) -> &'static str {
+    match side {
+        Side::Downstream => "client",
+        Side::Upstream => "upstream",
+        Side::Internal => "proxy",
     }
 }
 
@@ -621,7 +712,7 @@ mod tests {
         m.request("insert", Duration::from_micros(300));
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
-        m.error("CommandNotSupported");
+        m.error("CommandNotSupported", Side::Downstream);
         m.store_round_trips(3);
         assert!(
             m.requests.is_empty()
@@ -631,7 +722,7 @@ mod tests {
         assert_eq!(m.connections_total.load(Relaxed), 0);
         assert_eq!(m.bytes[0].load(Relaxed), 0);
         assert_eq!(
-            m.render(&[status("app", 12)], Held::default()),
+            m.render(&[status("app", 12)], Held::default(), Limits::default()),
             "# metrics collection is off (proxy.metrics = false)\n"
         );
         assert!(Metrics::new(true).enabled());
@@ -646,13 +737,17 @@ mod tests {
         m.request("insert", Duration::from_secs(7));
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
-        m.error("CommandNotSupported");
+        m.error("CommandNotSupported", Side::Downstream);
         m.batch_cut();
         let held = Held {
             proxy_ids: 2,
             ..Held::default()
         };
-        let text = m.render(&[status("app", 12)], held);
+        let limits = Limits {
+            reply: 768,
+            ..Limits::default()
+        };
+        let text = m.render(&[status("app", 12)], held, limits);
         for line in [
             "laconic_connections_open 1",
             "laconic_requests_total{command=\"insert\"} 3",
@@ -667,7 +762,10 @@ mod tests {
             "laconic_document_bytes_saved_total{db=\"app\",collection=\"users\",op=\"write\"} 400",
             "laconic_name_store_names{scope=\"app\"} 12",
             "laconic_dictionary_state{scope=\"app\",state=\"ready\"} 1",
-            "laconic_errors_total{kind=\"CommandNotSupported\"} 1",
+            "laconic_errors_total{kind=\"CommandNotSupported\",side=\"client\"} 1",
+            "laconic_reply_bytes_limit 768",
+            // What the alerts watch is there before it first happens.
+            "laconic_errors_total{kind=\"DataCorruptionDetected\",side=\"upstream\"} 0",
             "laconic_cursor_batches_cut_total 1",
             "laconic_cursor_proxy_ids 2",
         ] {
@@ -685,7 +783,7 @@ mod tests {
             m.request(&format!("cmd{i}\nINFO forged"), Duration::from_micros(5));
             m.documents(&format!("db{i}.c"), "write", 10, 5);
         }
-        let text = m.render(&[], Held::default());
+        let text = m.render(&[], Held::default(), Limits::default());
         assert!(text.len() < 20_000, "{} bytes", text.len());
         assert!(text.contains("laconic_requests_total{command=\"other\"} 20000"));
         assert!(text.contains("laconic_metrics_folded_total 19990"));

@@ -4,7 +4,7 @@
 mod metrics;
 pub mod shadow;
 
-pub use metrics::{Held, Leg, Metrics, Shadowed, Way};
+pub use metrics::{Held, Leg, Limits, Metrics, Shadowed, Way};
 pub use shadow::Shadow;
 
 /// A text for a log line with its control characters escaped (`\n` as

@@ -365,7 +365,7 @@ mod tests {
     fn reads_what_the_proxy_writes() {
         let m = Metrics::default();
         m.connection_opened();
-        let before = Scrape::parse(&m.render(&[], Default::default()));
+        let before = Scrape::parse(&m.render(&[], Default::default(), Default::default()));
         for _ in 0..98 {
             m.request("find", Duration::from_micros(400));
         }
@@ -375,7 +375,7 @@ mod tests {
         m.request("insert", Duration::from_millis(2));
         m.bytes(Leg::Client, Way::In, 4000);
         m.documents("app.users", "write", 1000, 600);
-        m.error("CommandNotSupported");
+        m.error("CommandNotSupported", crate::error::Side::Downstream);
         m.store_lookup(true);
         m.batch_cut();
         let after = Scrape::parse(&m.render(
@@ -392,6 +392,7 @@ mod tests {
                 reply: 5_000_000,
                 proxy_ids: 3,
             },
+            crate::observe::Limits::default(),
         ));
         assert_eq!(after.sum("laconic_requests_total", &[]), 101.0);
         assert_eq!(
@@ -434,7 +435,11 @@ mod tests {
     fn metrics_switched_off() {
         let v = view(
             &Scrape::default(),
-            &Scrape::parse(&Metrics::new(false).render(&[], Default::default())),
+            &Scrape::parse(&Metrics::new(false).render(
+                &[],
+                Default::default(),
+                Default::default(),
+            )),
             0.0,
         );
         assert!(v.starts_with("(no request metrics"), "{v}");

@@ -62,7 +62,13 @@ async fn metrics_count_the_workload_and_the_bytes_saved() {
             )
         ) > 0.0
     );
-    assert!(value(&m, "laconic_errors_total{kind=\"CommandNotSupported\"}") >= 1.0);
+    assert!(
+        value(
+            &m,
+            "laconic_errors_total{kind=\"CommandNotSupported\",side=\"client\"}"
+        ) >= 1.0
+    );
+    assert_eq!(value(&m, "laconic_reply_bytes_limit"), 768_000_000.0);
     assert!(value(&m, "laconic_connections_total") >= 1.0);
     assert!(value(&m, "laconic_bytes_total{leg=\"client\",direction=\"in\"}") > 0.0);
     assert!(value(&m, "laconic_name_store_round_trips_total") >= 1.0);
