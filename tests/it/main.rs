@@ -5,6 +5,7 @@
 mod common;
 
 mod aggregate;
+mod alerts;
 mod capture;
 mod cross_db;
 mod deploy;
