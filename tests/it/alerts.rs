@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use futures::TryStreamExt;
-use promql_parser::label::Matcher;
+use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{self, Expr};
 use serde_yaml::Value;
 
@@ -240,12 +240,9 @@ fn rules() -> Vec<(String, Expr)> {
 }
 
 /// Every selector in `expr`: its metric and the labels it matches on.
-fn selectors(expr: &Expr, out: &mut Vec<(String, Vec<String>)>) {
+fn selectors(expr: &Expr, out: &mut Vec<(String, Vec<Matcher>)>) {
     match expr {
-        Expr::VectorSelector(v) => out.push((
-            v.name.clone().unwrap(),
-            v.matchers.matchers.iter().map(|m| m.name.clone()).collect(),
-        )),
+        Expr::VectorSelector(v) => out.push((v.name.clone().unwrap(), v.matchers.matchers.clone())),
         Expr::MatrixSelector(m) => selectors(&Expr::VectorSelector(m.vs.clone()), out),
         Expr::Call(c) => c.args.args.iter().for_each(|a| selectors(a, out)),
         Expr::Aggregate(a) => selectors(&a.expr, out),
@@ -436,14 +433,15 @@ async fn the_alerts_fire_on_the_failures_they_name_and_only_there() {
     );
     direct.database(&db).drop().await.unwrap();
 
-    // Every series and label the rules read is served (Prometheus's own
-    // `up` aside): the limits beside the gauges they bound, and the
-    // errors the rules watch from the start.
+    // Every series, label and label value the rules read is served
+    // (Prometheus's own `up` aside): the limits beside the gauges they
+    // bound, and, on a proxy that has had no error, the errors the rules
+    // watch, so that `increase()` sees the first one.
     let served = after.families();
     for (alert, expr) in &rules {
         let mut used = Vec::new();
         selectors(expr, &mut used);
-        for (metric, labels) in used {
+        for (metric, matchers) in used {
             if metric == "up" {
                 continue;
             }
@@ -451,14 +449,27 @@ async fn the_alerts_fire_on_the_failures_they_name_and_only_there() {
                 served.contains(metric.as_str()),
                 "{alert}: {metric} is not served"
             );
-            for label in labels {
-                assert!(
-                    after
-                        .0
-                        .iter()
-                        .any(|(l, _)| l["__name__"] == metric && l.contains_key(&label)),
-                    "{alert}: {metric} has no label {label}"
-                );
+            for m in matchers {
+                let values: Vec<&str> = match &m.op {
+                    MatchOp::Equal => vec![&m.value],
+                    MatchOp::Re(_) => m.value.split('|').collect(),
+                    _ => Vec::new(),
+                };
+                let has = |value: Option<&str>| {
+                    after.0.iter().any(|(l, _)| {
+                        l["__name__"] == metric
+                            && l.get(&m.name)
+                                .is_some_and(|v| value.is_none_or(|value| v == value))
+                    })
+                };
+                assert!(has(None), "{alert}: {metric} has no label {}", m.name);
+                for value in values {
+                    assert!(
+                        has(Some(value)),
+                        "{alert}: {metric} has no series with {}=\"{value}\"",
+                        m.name
+                    );
+                }
             }
         }
     }
