@@ -84,8 +84,9 @@ pub struct Held {
     pub proxy_ids: usize,
 }
 
-/// What each of the gauges above may reach: the configured limits, served
-/// beside them so that an alert can compare the two (`laconic_reply_bytes /
+/// What the open connections and the four memory budgets may reach: the
+/// configured limits, served beside their gauges so that an alert can
+/// divide one by the other (`laconic_reply_bytes /
 /// laconic_reply_bytes_limit`) whatever the configuration.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Limits {
@@ -437,7 +438,13 @@ impl Metrics {
             ("laconic_read_bytes_limit", "max_read_bytes", limits.read),
             ("laconic_reply_bytes_limit", "max_reply_bytes", limits.reply),
         ] {
-            family(out, name, "gauge", &format!("proxy.{setting}."));
+            let gauge = name.trim_end_matches("_limit");
+            family(
+                out,
+                name,
+                "gauge",
+                &format!("The most {gauge} may reach: proxy.{setting}."),
+            );
             let _ = writeln!(out, "{name} {limit}");
         }
     }
