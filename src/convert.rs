@@ -243,7 +243,10 @@ fn added_since(original: &Document) -> Bson {
 
 /// A stored document in its logical form. A field present both as a token
 /// and under its full name (a proxy write to a document not yet migrated)
-/// keeps the tokenized value, the later one.
+/// keeps the tokenized value, the later one; but a key of digits alone
+/// keeps the value under its full name: builds that tokenized such keys
+/// wrote them as they are when an update named them by path (see
+/// [`crate::token::policy::is_index_like`]), after the document's insert.
 fn normalize(d: &RawDocumentBuf, names: &dyn Names) -> Result<Document, expand::Unknown> {
     let stored = Document::try_from(d.as_ref()).unwrap_or_default();
     merge(&stored, names, &mut expand::Unknown::default())
@@ -255,7 +258,6 @@ fn merge(
     unknown: &mut expand::Unknown,
 ) -> Result<Document, expand::Unknown> {
     let mut out = Document::new();
-    let mut from_token: Vec<String> = Vec::new();
     for (k, v) in stored {
         let is_token = crate::token::namespace::is_reserved(k) && !k.starts_with('\u{1f}');
         let key = expand::key(k, names, &mut unknown.names).into_owned();
@@ -268,11 +270,9 @@ fn merge(
                     .unwrap_or(Bson::Null)
             }
         };
-        if out.contains_key(&key) && !is_token && from_token.contains(&key) {
-            continue; // the tokenized value is the later write
-        }
-        if is_token {
-            from_token.push(key.clone());
+        let token_is_later = !crate::token::policy::is_index_like(key.as_bytes());
+        if out.contains_key(&key) && is_token != token_is_later {
+            continue; // the value in the other form is the later write
         }
         out.insert(key, value);
     }
@@ -280,5 +280,31 @@ fn merge(
         Ok(out)
     } else {
         Err(unknown.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::Dictionary;
+
+    /// A field in both forms keeps the later write: the token's, but for a
+    /// key of digits alone, the one written as it is (by a path, after the
+    /// insert that tokenized it), whichever comes first in the document.
+    #[test]
+    fn a_field_in_both_forms_keeps_the_later_write() {
+        let mut dict = Dictionary::default();
+        dict.add_names(&["amount".to_owned(), "2024".to_owned()]);
+        let token = |n: &str| dict.token(n).unwrap().as_str().to_owned();
+        let (amount, year) = (token("amount"), token("2024"));
+        for stored in [
+            doc! {&amount: 2, "amount": 1, &year: 10, "2024": 11},
+            doc! {"amount": 1, &amount: 2, "2024": 11, &year: 10},
+        ] {
+            let logical = merge(&stored, &dict, &mut expand::Unknown::default()).unwrap();
+            assert_eq!(logical.get_i32("amount").unwrap(), 2, "{stored:?}");
+            assert_eq!(logical.get_i32("2024").unwrap(), 11, "{stored:?}");
+            assert_eq!(logical.len(), 2);
+        }
     }
 }

@@ -102,8 +102,18 @@ impl Policy {
     }
 
     /// [`Policy::tokenizes_key`] by length and custom paths alone.
+    ///
+    /// A key of digits alone (`"2024"`, `"1"`) is never tokenized: in a
+    /// path, such a part names an array index as well as a field
+    /// (`revenue.2024` reads `{revenue: {"2024": …}}` and the 2025th element
+    /// of an array), so paths keep it as it is, and a document must store
+    /// it so too, or a query, a projection or an update by path would miss
+    /// it (an update then wrote the key a second time, beside its token).
     #[inline]
     pub(super) fn tokenizes_by_rule(&self, parent: &[&str], key: &[u8]) -> bool {
+        if is_index_like(key) {
+            return false;
+        }
         if self.min_len > 0 && key.len() >= self.min_len {
             return true;
         }
@@ -118,7 +128,11 @@ impl Policy {
     /// and a value path holds tokens at its own depth only.
     pub fn same_at_every_depth(&self, path: &str) -> bool {
         let parts: Vec<&str> = path.split('.').collect();
-        let short = |p: &str| !p.starts_with('$') && (self.min_len == 0 || p.len() < self.min_len);
+        let short = |p: &str| {
+            !p.starts_with('$')
+                && !is_index_like(p.as_bytes())
+                && (self.min_len == 0 || p.len() < self.min_len)
+        };
         let id = self
             .plain_keys
             .iter()
@@ -132,6 +146,12 @@ impl Policy {
             .any(|v| v.last().map(String::as_str) == parts.last().copied());
         !(id || custom || value)
     }
+}
+
+/// Whether a key is made of ASCII digits alone, as an array index is.
+#[inline]
+pub fn is_index_like(key: &[u8]) -> bool {
+    key.first().is_some_and(u8::is_ascii_digit) && key.iter().all(u8::is_ascii_digit)
 }
 
 /// Whether one of `places` is `at` or holds it.
@@ -452,6 +472,9 @@ mod tests {
         assert!(p.tokenizes(&["a", "b"], "c"));
         assert!(!p.tokenizes(&["a"], "c"));
         assert!(!p.tokenizes(&["custom"], "$ref"));
+        // Digits alone are an array index in a path: kept as they are.
+        assert!(!p.tokenizes(&[], "20240101") && !p.tokenizes(&["custom"], "7"));
+        assert!(p.tokenizes(&[], "2024-01-01") && p.tokenizes(&["custom"], "7a"));
         assert!(p.applies_to("app") && !p.applies_to("admin") && !p.applies_to("laconic"));
         assert!(!Policy::new(0, &[], "laconic").applies_to("app"));
     }

@@ -652,3 +652,104 @@ async fn a_store_that_hangs_is_not_relied_on_past_the_lease() {
         vec![original(1), original(2)]
     );
 }
+
+/// Keys of digits alone were tokenized by earlier builds, and paths missed
+/// them: a filter or a projection by path found nothing, and an update by
+/// path wrote the key a second time, as it is, beside its token. Running
+/// `laconic migrate` again brings such a document to the form this build
+/// writes: the digits as they are, each with the value written last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_migration_stores_keys_of_digits_as_they_are() {
+    let (db, store_db) = (db_name("mig_digits", "app"), db_name("mig_digits", "store"));
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.store_db = store_db.clone();
+    let proxy = common::start(config).await;
+    let via = common::via_proxy(&proxy)
+        .await
+        .database(&db)
+        .collection::<Document>("events");
+    via.insert_one(doc! {"_id": 1, "revenue": {"20240101": 150, "20231231": 100}})
+        .await
+        .unwrap();
+
+    // The document as an earlier build stored it: its keys of digits as
+    // tokens of the database's dictionary.
+    let store = laconic::token::NameStore::new(direct.clone(), 1000, Default::default());
+    store
+        .allocate(&db, &["20240101", "20231231"], &[])
+        .await
+        .unwrap();
+    let dict = store.dictionary(&db).unwrap();
+    let token = |n: &str| {
+        laconic::token::Names::token(&*dict, n)
+            .unwrap()
+            .as_str()
+            .to_owned()
+    };
+    let revenue = token("revenue");
+    let rename: Document = ["20240101", "20231231"]
+        .iter()
+        .map(|k| {
+            (
+                format!("{revenue}.{k}"),
+                Bson::String(format!("{revenue}.{}", token(k))),
+            )
+        })
+        .collect();
+    direct
+        .database(&db)
+        .collection::<Document>("events")
+        .update_one(doc! {"_id": 1}, doc! {"$rename": rename})
+        .await
+        .unwrap();
+    // Read back whole once the proxy knows the names; missed by its path.
+    let mut whole = None;
+    for _ in 0..50 {
+        whole = via.find_one(doc! {}).await.ok().flatten();
+        if whole.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        whole,
+        Some(doc! {"_id": 1, "revenue": {"20240101": 150, "20231231": 100}})
+    );
+    assert_eq!(
+        via.find_one(doc! {"revenue.20240101": 150}).await.unwrap(),
+        None
+    );
+    // An update by path writes the key beside its token, as it did then.
+    via.update_one(doc! {"_id": 1}, doc! {"$set": {"revenue.20240101": 151}})
+        .await
+        .unwrap();
+
+    let mut migrate = Command::new(env!("CARGO_BIN_EXE_laconic"));
+    migrate
+        .arg("migrate")
+        .args(["--uri", &common::upstream().uri])
+        .args(["--db", &db, "--collection", "events"])
+        .args(["--tokenize-min-len", "6", "--store-db", &store_db])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    common::run_ok(migrate).await;
+
+    let expected = doc! {"_id": 1, "revenue": {"20240101": 151, "20231231": 100}};
+    assert_eq!(
+        via.find_one(doc! {"revenue.20240101": 151}).await.unwrap(),
+        Some(expected)
+    );
+    let stored = common::stored(&db, "events").await.remove(0);
+    assert_eq!(
+        stored
+            .get_document(&revenue)
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["20240101", "20231231"],
+        "{stored}"
+    );
+}

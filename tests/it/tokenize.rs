@@ -130,6 +130,69 @@ async fn sub_documents_set_by_an_update_are_tokenized_in_their_scope() {
     );
 }
 
+/// A key of digits alone is stored as it is, so that a path naming it (in a
+/// filter, a projection or an update) finds it: such a part of a path is an
+/// array index too, and paths keep it as it is. Before, the key was
+/// tokenized: the filter and the projection missed it, and the update wrote
+/// it a second time beside its token.
+#[tokio::test]
+async fn keys_of_digits_alone_are_found_by_paths_as_on_the_twin() {
+    let proxy = tokenizing_proxy().await;
+    let db = db_name("tok", "digits");
+    let via = common::via_proxy(&proxy)
+        .await
+        .database(&db)
+        .collection::<Document>("c");
+    let twin = common::direct()
+        .await
+        .database(&db_name("tok", "digits_twin"))
+        .collection::<Document>("c");
+    let mut seen = Vec::new();
+    for c in [&via, &twin] {
+        c.drop().await.unwrap();
+        c.insert_one(doc! {"_id": 1, "revenue": {"20240101": 150, "20231231": 100}, "custom": {"7": {"Favourite Team": "x"}}})
+            .await
+            .unwrap();
+        let found = c
+            .find_one(doc! {"revenue.20240101": 150, "custom.7.Favourite Team": "x"})
+            .await
+            .unwrap();
+        let projected = c
+            .find_one(doc! {})
+            .projection(doc! {"revenue.20240101": 1, "custom.7": 1})
+            .await
+            .unwrap();
+        c.update_one(
+            doc! {"_id": 1},
+            doc! {"$inc": {"revenue.20240101": 1}, "$set": {"custom.7.Favourite Team": "y"}},
+        )
+        .await
+        .unwrap();
+        seen.push((found, projected, c.find_one(doc! {}).await.unwrap()));
+    }
+    assert_eq!(seen[0], seen[1]);
+    assert_eq!(
+        seen[0].2,
+        Some(
+            doc! {"_id": 1, "revenue": {"20240101": 151, "20231231": 100}, "custom": {"7": {"Favourite Team": "y"}}}
+        )
+    );
+    // Stored: the digits as they are, the names beside them as tokens.
+    let stored = common::stored(&db, "c").await.remove(0);
+    let revenue = stored.values().nth(1).unwrap().as_document().unwrap();
+    assert_eq!(
+        revenue.keys().collect::<Vec<_>>(),
+        ["20240101", "20231231"],
+        "{stored}"
+    );
+    let custom = stored.values().nth(2).unwrap().as_document().unwrap();
+    let team = custom.get_document("7").unwrap();
+    assert!(
+        team.keys().all(|k| matches!(decode(k), Stored::Token(_))),
+        "{stored}"
+    );
+}
+
 #[tokio::test]
 async fn unrewritable_constructs_are_refused_by_name() {
     let proxy = tokenizing_proxy().await;

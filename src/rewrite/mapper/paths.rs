@@ -198,7 +198,7 @@ fn is_positional(c: &str) -> bool {
         || c == "$[]"
         || (c.starts_with("$[") && c.ends_with(']'))
         || c == "$**"
-        || (!c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()))
+        || crate::token::policy::is_index_like(c.as_bytes())
 }
 
 /// A dotted path, tokenized one component at a time in its parent's scope.
