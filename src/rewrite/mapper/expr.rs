@@ -4,7 +4,7 @@
 
 use bson::{Bson, Document};
 
-use super::paths::logical;
+use super::paths::fields;
 use super::{refuse, Mapper};
 use crate::error::ProxyError;
 
@@ -231,7 +231,7 @@ impl Mapper<'_> {
             Bson::String(s) if s.starts_with("$$") => Bson::String(self.variable(s, vars)),
             Bson::String(s) if s.starts_with('$') => {
                 let p = &s[1..];
-                if used == Use::Computed && self.policy.is_value_path(&logical(&[], p)) {
+                if used == Use::Computed && self.policy.is_value_path(&fields(&[], p)) {
                     return Err(refuse(&format!(
                         "an expression computing on the tokenized value path {p}"
                     )));

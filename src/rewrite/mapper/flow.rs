@@ -5,7 +5,7 @@
 use bson::{Bson, Document};
 
 use super::expr::SYSTEM_VARIABLES;
-use super::paths::logical;
+use super::paths::fields;
 use super::query::is_flag;
 use super::{refuse, Mapper};
 use crate::error::ProxyError;
@@ -163,7 +163,7 @@ pub(super) fn bare_path(e: &Bson) -> Option<Vec<String>> {
     Some(if rest.is_empty() {
         Vec::new()
     } else {
-        logical(&[], rest)
+        fields(&[], rest)
     })
 }
 
@@ -202,7 +202,7 @@ impl Mapper<'_> {
         match (name, arg) {
             ("$addFields" | "$set", Bson::Document(f)) => {
                 for (k, v) in f {
-                    self.lands(v, &logical(&[], k), &none, &mut out);
+                    self.lands(v, &fields(&[], k), &none, &mut out);
                 }
             }
             ("$project", Bson::Document(p)) => self.projected(p, &[], &mut out),
@@ -248,7 +248,7 @@ impl Mapper<'_> {
             ("$setWindowFields", Bson::Document(w)) => {
                 if let Ok(o) = w.get_document("output") {
                     for (k, spec) in o {
-                        self.accumulated(spec, &logical(&[], k), &mut out);
+                        self.accumulated(spec, &fields(&[], k), &mut out);
                     }
                 }
             }
@@ -256,7 +256,7 @@ impl Mapper<'_> {
                 if let Ok(o) = f.get_document("output") {
                     for (k, spec) in o {
                         if let Some(v) = spec.as_document().and_then(|s| s.get("value")) {
-                            self.lands(v, &logical(&[], k), &none, &mut out);
+                            self.lands(v, &fields(&[], k), &none, &mut out);
                         }
                     }
                 }
@@ -268,13 +268,13 @@ impl Mapper<'_> {
                         Err(_) => vec![foreign.policy.clone()],
                     };
                     for j in joined {
-                        out.put(&logical(&[], as_), j.subtree::<&str>(&[]));
+                        out.put(&fields(&[], as_), j.subtree::<&str>(&[]));
                     }
                 }
             }
             ("$graphLookup", Bson::Document(g)) => {
                 if let (Ok(as_), Ok(foreign)) = (g.get_str("as"), self.from("$graphLookup", g)) {
-                    out.put(&logical(&[], as_), foreign.policy.subtree::<&str>(&[]));
+                    out.put(&fields(&[], as_), foreign.policy.subtree::<&str>(&[]));
                 }
             }
             ("$facet", Bson::Document(f)) => {
@@ -305,7 +305,7 @@ impl Mapper<'_> {
             }
             ("$geoNear", Bson::Document(g)) => {
                 if let Ok(p) = g.get_str("includeLocs") {
-                    out.put(&logical(&[], p), Subtree::opaque());
+                    out.put(&fields(&[], p), Subtree::opaque());
                 }
             }
             _ => {}
@@ -323,7 +323,7 @@ impl Mapper<'_> {
     /// A `$project`'s computed fields (flags keep what is there).
     fn projected(&self, p: &Document, at: &[String], out: &mut Landings) {
         for (k, v) in p {
-            let place = logical(at, k);
+            let place = fields(at, k);
             match v {
                 v if is_flag(v) => {}
                 Bson::Document(d) if d.keys().next().is_some_and(|k| !k.starts_with('$')) => {
@@ -356,13 +356,13 @@ impl Mapper<'_> {
                 let rest = if rest.is_empty() {
                     Vec::new()
                 } else {
-                    logical(&[], rest)
+                    fields(&[], rest)
                 };
                 let from = match var {
                     "ROOT" | "CURRENT" => Some(rest),
                     v if SYSTEM_VARIABLES.contains(&v) => return,
                     v => match binds.get(v) {
-                        Some(Some(path)) => Some(logical(path, &rest.join("."))),
+                        Some(Some(path)) => Some(fields(path, &rest.join("."))),
                         Some(None) => None,
                         // `$merge`'s `whenMatched` reads the incoming
                         // document as `$$new`: stored as the target stores
@@ -377,7 +377,7 @@ impl Mapper<'_> {
                 }
             }
             Bson::String(s) if s.starts_with('$') => {
-                out.put(at, self.policy.subtree(&logical(&[], &s[1..])));
+                out.put(at, self.policy.subtree(&fields(&[], &s[1..])));
             }
             Bson::Array(a) => a.iter().for_each(|x| self.lands(x, at, binds, out)),
             Bson::Document(d) => match d.iter().next() {
@@ -538,7 +538,7 @@ impl Named {
                     if k.starts_with('$') {
                         self.walk(x, at);
                     } else {
-                        let place = logical(at, k);
+                        let place = fields(at, k);
                         self.walk(x, &place);
                         self.paths.push(place);
                     }
@@ -560,7 +560,7 @@ impl Named {
             },
             None => s.strip_prefix('$').unwrap_or(s),
         };
-        self.paths.push(logical(&[], path));
+        self.paths.push(fields(&[], path));
     }
 }
 

@@ -224,6 +224,16 @@ pub fn logical_parts(p: &str) -> impl Iterator<Item = &str> {
         .filter(|c| !is_positional(c) && !c.starts_with('$'))
 }
 
+/// A dotted path of an aggregation (a stage's output key, a `$field.path`
+/// in an expression) after `parent`. Every part is a field's name: such a
+/// path does not index arrays, so a part of digits alone names a field too
+/// (`{$project: {"7": …}}` puts a field `7` at the top, not the top itself).
+pub fn fields(parent: &[String], p: &str) -> Vec<String> {
+    let mut v = parent.to_vec();
+    v.extend(p.split('.').map(str::to_owned));
+    v
+}
+
 pub fn logical(parent: &[String], p: &str) -> Vec<String> {
     let mut v = parent.to_vec();
     v.extend(logical_parts(p).map(str::to_owned));

@@ -15,7 +15,7 @@
 use bson::{Bson, Document};
 
 use super::expr::{Use, Vars};
-use super::paths::logical;
+use super::paths::fields;
 use super::query::is_flag;
 use super::{each_field, refuse, Mapper};
 use crate::error::ProxyError;
@@ -384,7 +384,7 @@ impl Mapper<'_> {
     fn add_fields(&self, f: &Document) -> Result<Document, ProxyError> {
         let mut out = Document::new();
         for (k, v) in f {
-            let scope = logical(&[], k);
+            let scope = fields(&[], k);
             out.insert(
                 self.path(k, &[]),
                 self.expr_as(v, &scope, &Vars::default(), Use::Moved)?,
@@ -462,7 +462,7 @@ impl Mapper<'_> {
 
     /// Whether the path holds value tokens where it holds strings.
     fn holds_values(&self, p: &str) -> bool {
-        self.policy.is_value_path(&super::paths::logical(&[], p))
+        self.policy.is_value_path(&super::paths::fields(&[], p))
     }
 
     /// The collection a `$lookup` or `$graphLookup` reads (`from`): one of

@@ -766,3 +766,39 @@ fn later_stages_name_moved_fields_in_their_stored_form() {
     );
     rewritten(vec![unknown, doc! {"$match": {"color": 1}}]).unwrap();
 }
+
+/// A stage's output key of digits alone is a field's name: the place it
+/// computes is that field, not the top, whose `_id` stays as it is.
+#[test]
+fn a_field_named_with_digits_is_a_place_of_its_own() {
+    let policies = Policies::new(Policy::new(1, &[], "laconic"));
+    let mut dict = Dictionary::default();
+    // `_id` is a name too: tokenized below the top.
+    dict.add_names(&[
+        "items".to_owned(),
+        "qty".to_owned(),
+        "x".to_owned(),
+        "_id".to_owned(),
+    ]);
+    let tok = |n: &str| {
+        crate::token::Names::token(&dict, n)
+            .unwrap()
+            .as_str()
+            .to_owned()
+    };
+    let (items, qty, x) = (tok("items"), tok("qty"), tok("x"));
+    let mut c = cmd(
+        doc! {"aggregate": "c", "$db": "app", "cursor": {}, "pipeline": [
+            {"$project": {"7": {"$ifNull": ["$items.qty", []]}}},
+            {"$project": {"x": "$_id"}},
+        ]},
+    );
+    command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap();
+    assert_eq!(
+        c.body.get_array("pipeline").unwrap(),
+        &vec![
+            Bson::Document(doc! {"$project": {"7": {"$ifNull": [format!("${items}.{qty}"), []]}}}),
+            Bson::Document(doc! {"$project": {&x: "$_id"}}),
+        ]
+    );
+}
