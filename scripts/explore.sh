@@ -4,7 +4,10 @@
 # on the same upstream (tests/py/random_differential.py says what is drawn
 # and compared).
 #
-#   scripts/explore.sh [SEEDS] [OPS]     (default: 50 seeds of 400 operations)
+#   scripts/explore.sh [SEEDS] [OPS] [FIRST]
+#
+# (default: 50 seeds of 400 operations, from seed 1; a later FIRST explores
+# seeds no earlier campaign drew).
 #
 # The proxies tokenize every name, and names of 4 bytes or more with custom
 # attributes and three value paths. The upstream is a SecantusDB started
@@ -14,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-50}
 ops=${2:-400}
+first=${3:-1}
 bash scripts/setup.sh
 cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
 
@@ -41,7 +45,7 @@ for name in every values; do
 done
 
 failed=0
-for seed in $(seq 1 "$seeds"); do
+for seed in $(seq "$first" $((first + seeds - 1))); do
   for i in 0 1; do
     out=$(.upstream/venv/bin/python tests/py/random_differential.py \
       "mongodb://${addrs[$i]}/?retryWrites=false" "$direct" "explore_${i}_$seed" "$seed" "$ops" wide 2>&1) || true

@@ -53,7 +53,7 @@ NAMES = ["firstName", "lastName", "emailAddress", "purchaseHistory", "productCat
          "amountSpent", "address", "location", "city", "zip", "tags", "custom", "a", "b", "x",
          "Custom Attribute 01", "Favourite Team", "n", "score", "items", "qty", "price", "meta",
          "créé", "名前", "level", "nested", "\x01x", "\x1fesc", "\x7fdel", "\x02", "e\x01mbedded",
-         "sp ace", "tab\tname", "count"]
+         "sp ace", "tab\tname", "count", "2024", "7"]
 ODD = ["a.b", "$dollar", ""]
 READS = ("find", "agg", "distinct", "count", "hint", "indexes")
 
