@@ -480,9 +480,19 @@ impl Mapper<'_> {
     }
 
     /// `let` variables: their names stay, their values are expressions.
+    /// One that reads a tokenized value path is refused: the variable
+    /// carries value tokens into a sub-pipeline, where what it is compared
+    /// with (another collection's field, a constant) holds strings.
     pub(super) fn let_vars(&self, let_vars: &Document) -> Result<Document, ProxyError> {
         let mut o = Document::new();
         for (name, e) in let_vars {
+            let mut read = Vec::new();
+            relative_paths(e, &mut read);
+            if let Some(p) = read.iter().find(|p| self.holds_values(p)) {
+                return Err(refuse(&format!(
+                    "the variable {name} reading the tokenized value path {p}: what it is compared with may hold strings, and tokenized values are not strings"
+                )));
+            }
             o.insert(
                 name.clone(),
                 self.expr_as(e, &[], &Vars::default(), Use::Moved)?,

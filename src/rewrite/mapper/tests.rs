@@ -500,7 +500,8 @@ fn a_json_schema_at_a_value_path_reads_what_is_stored() {
 
 /// A join compares two paths' values: a value path (tokens) with a path
 /// holding strings never matches, so such a `$lookup` or `$graphLookup`
-/// is refused; value path with value path, or plain with plain, is kept.
+/// is refused, and so is a `$lookup` variable reading a value path;
+/// value path with value path, or plain with plain, is kept.
 #[test]
 fn joins_between_value_tokens_and_strings_are_refused() {
     let policies = Policies::new(
@@ -538,11 +539,26 @@ fn joins_between_value_tokens_and_strings_are_refused() {
         graph(Bson::from("$tags"), "next", "tags"),
         graph(Bson::from("rock"), "tags", "tags"),
         graph(Bson::from(vec![Bson::from("$tags")]), "next", "name"),
+        // A variable carries the tokens into the sub-pipeline, where they
+        // meet another collection's strings.
+        aggregate(
+            doc! {"$lookup": {"from": "o", "let": {"v": "$tags"}, "as": "m",
+            "pipeline": [{"$match": {"$expr": {"$eq": ["$label", "$$v"]}}}]}},
+        ),
+        aggregate(
+            doc! {"$lookup": {"from": "o", "let": {"v": {"$first": "$place.city"}}, "as": "m",
+            "pipeline": [{"$match": {"$expr": {"$eq": ["$label", "$$v"]}}}]}},
+        ),
     ];
     for mut c in refused {
         let e = command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap_err();
         assert!(e.to_string().contains("tokenized value path"), "{e}");
     }
+    let mut c = aggregate(
+        doc! {"$lookup": {"from": "o", "let": {"v": "$label"}, "as": "m",
+        "pipeline": [{"$match": {"$expr": {"$eq": ["$label", "$$v"]}}}]}},
+    );
+    command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap();
 }
 
 /// A subtree moved by an expression keeps the stored form of the place it
