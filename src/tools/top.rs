@@ -46,6 +46,13 @@ impl Scrape {
         Scrape { samples }
     }
 
+    /// Every sample: its metric's name, its labels and its value.
+    pub fn samples(&self) -> impl Iterator<Item = (&str, &[(String, String)], f64)> {
+        self.samples
+            .iter()
+            .flat_map(|(name, s)| s.iter().map(move |(l, v)| (name.as_str(), &l[..], *v)))
+    }
+
     /// The sum of `name`'s samples whose labels include all of `with`.
     pub fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
         self.samples

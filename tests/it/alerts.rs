@@ -21,22 +21,19 @@ use crate::common::{self, db_name};
 
 type Labels = BTreeMap<String, String>;
 
-/// One scrape: every sample, its metric name under `__name__`.
+/// One scrape (as `laconic top` reads it): every sample, its metric's
+/// name under `__name__`.
 struct Scrape(Vec<(Labels, f64)>);
 
 impl Scrape {
     fn parse(text: &str) -> Scrape {
-        let samples = text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .map(|l| {
-                let (series, value) = l.rsplit_once(' ').expect("a sample");
-                let (name, mut labels) = match series.split_once('{') {
-                    Some((name, rest)) => (name, labels_of(rest.strip_suffix('}').unwrap())),
-                    None => (series, Labels::new()),
-                };
+        let scrape = laconic::tools::top::Scrape::parse(text);
+        let samples = scrape
+            .samples()
+            .map(|(name, labels, value)| {
+                let mut labels: Labels = labels.iter().cloned().collect();
                 labels.insert("__name__".into(), name.into());
-                (labels, value.parse().expect("a number"))
+                (labels, value)
             })
             .collect();
         Scrape(samples)
@@ -45,26 +42,6 @@ impl Scrape {
     fn families(&self) -> BTreeSet<&str> {
         self.0.iter().map(|(l, _)| l["__name__"].as_str()).collect()
     }
-}
-
-/// `a="x",b="y \"quoted\""` as labels.
-fn labels_of(text: &str) -> Labels {
-    let mut labels = Labels::new();
-    let mut rest = text;
-    while let Some((name, after)) = rest.split_once("=\"") {
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let end = loop {
-            match chars.next().expect("a closing quote") {
-                (_, '\\') => value.push(chars.next().expect("an escaped byte").1),
-                (i, '"') => break i,
-                (_, c) => value.push(c),
-            }
-        };
-        labels.insert(name.trim_start_matches(',').to_owned(), value);
-        rest = &after[end + 1..];
-    }
-    labels
 }
 
 /// What an expression evaluates to.
