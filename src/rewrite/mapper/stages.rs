@@ -488,6 +488,7 @@ impl Mapper<'_> {
         for (name, e) in let_vars {
             let mut read = Vec::new();
             relative_paths(e, &mut read);
+            root_paths(e, &mut read);
             if let Some(p) = read.iter().find(|p| self.holds_values(p)) {
                 return Err(refuse(&format!(
                     "the variable {name} reading the tokenized value path {p}: what it is compared with may hold strings, and tokenized values are not strings"
@@ -709,6 +710,16 @@ fn same_values(
 /// in: `$a.b`, `$$CURRENT.a.b`, and the fields `$getField` names (as its
 /// input, the current document, is by default). Conservative: a string that
 /// only looks like a path (in `$literal`, say) counts too.
+/// The paths an expression reads from the top through `$$ROOT.`.
+fn root_paths<'e>(e: &'e Bson, out: &mut Vec<&'e str>) {
+    match e {
+        Bson::String(s) => out.extend(s.strip_prefix("$$ROOT.")),
+        Bson::Array(a) => a.iter().for_each(|v| root_paths(v, out)),
+        Bson::Document(d) => d.values().for_each(|v| root_paths(v, out)),
+        _ => {}
+    }
+}
+
 fn relative_paths<'e>(e: &'e Bson, out: &mut Vec<&'e str>) {
     match e {
         Bson::String(s) => {

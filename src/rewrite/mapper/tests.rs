@@ -549,6 +549,10 @@ fn joins_between_value_tokens_and_strings_are_refused() {
             doc! {"$lookup": {"from": "o", "let": {"v": {"$first": "$place.city"}}, "as": "m",
             "pipeline": [{"$match": {"$expr": {"$eq": ["$label", "$$v"]}}}]}},
         ),
+        aggregate(
+            doc! {"$lookup": {"from": "o", "let": {"v": "$$ROOT.tags"}, "as": "m",
+            "pipeline": [{"$match": {"$expr": {"$eq": ["$label", "$$v"]}}}]}},
+        ),
     ];
     for mut c in refused {
         let e = command(&mut c, "app", &policies, Lookup::of(&dict)).unwrap_err();
