@@ -595,6 +595,18 @@ impl TokenizeConfig {
                     "not a dotted field path",
                 ));
             }
+            if path
+                .split('.')
+                .any(|c| crate::token::policy::is_index_like(c.as_bytes()))
+            {
+                return Err(invalid(
+                    "proxy.tokenize.custom_paths",
+                    path.clone(),
+                    "a part of digits alone is an array index to a query, whatever the \
+                     document holds there: name the path without it, and the rule holds \
+                     below every index and every key of digits there",
+                ));
+            }
         }
         let mut seen: Vec<&str> = Vec::new();
         for g in &t.dictionaries {
@@ -803,5 +815,29 @@ value_paths = ["tags"]
             .unwrap_err()
             .to_string()
             .contains("proxy.tokenize.namespaces"));
+    }
+
+    /// A rule's part of digits alone would hold for a document's key of
+    /// digits, never for an index, while a query reads it as both.
+    #[test]
+    fn rule_paths_with_a_part_of_digits_alone_are_refused() {
+        for (custom, values, rule) in [
+            ("sales.2024", "tags", "props"),
+            ("custom", "sales.2024.region", "props"),
+            ("custom", "tags", "items.0.attrs"),
+        ] {
+            let c = Config::parse(&format!(
+                "[proxy.tokenize]\ncustom_paths = [\"{custom}\"]\nvalue_paths = [\"{values}\"]\n\
+                 [[proxy.tokenize.namespaces]]\nnamespace = \"app\"\ncustom_paths = [\"{rule}\"]\n"
+            ))
+            .unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("digits alone"), "{err}");
+        }
+        let ok = Config::parse(
+            "[proxy.tokenize]\ncustom_paths = [\"sales.q4\", \"2024-01\"]\nvalue_paths = [\"v1\"]\n",
+        )
+        .unwrap();
+        ok.validate().unwrap();
     }
 }

@@ -16,7 +16,7 @@
 //! documents may come in more than one form is *opaque*: a later stage
 //! naming anything below it is refused.
 
-use super::policy::{below, covered_by, is_prefix};
+use super::policy::{below, covered_by, is_index_like, is_prefix, rest};
 use super::Policy;
 
 /// How names are stored below one place, relative to it: what a move
@@ -65,8 +65,8 @@ impl Subtree {
 fn within<A: AsRef<str>>(paths: &[Vec<String>], at: &[A]) -> Vec<Vec<String>> {
     let mut r: Vec<Vec<String>> = paths
         .iter()
-        .filter(|p| is_prefix(at, p))
-        .map(|p| p[at.len()..].to_vec())
+        .filter_map(|p| rest(p, at))
+        .map(<[String]>::to_vec)
         .collect();
     r.sort();
     r
@@ -149,6 +149,44 @@ impl Policy {
                 self.plain_keys.push(key);
             }
         }
+        if out.iter().any(|p| is_index_like(p.as_bytes())) {
+            let reached = self.reached_past_digits(out, sub);
+            self.opaque.extend(reached);
+        }
+    }
+
+    /// Below a place with a key of digits (`{$project: {"7": ..}}`), the
+    /// rules of the places above it still hold as a query reads them,
+    /// with that key left out (see `policy::holds`): `custom` holds at
+    /// `7.custom`. The places below `out` where such a rule says what
+    /// `sub`, the form of what the stage put there, does not: nothing
+    /// below them can be told.
+    fn reached_past_digits(&self, out: &[String], sub: &Subtree) -> Vec<Vec<String>> {
+        let lists = [
+            (
+                &self.custom_paths,
+                &sub.custom,
+                sub.custom_all || sub.plain_all,
+                0,
+            ),
+            // A value path: the key holding the values, below its parent.
+            (&self.value_paths, &sub.values, false, 1),
+            (&self.plain_below, &sub.plain_below, sub.plain_all, 0),
+            // A key kept as it is: what is below its parent.
+            (&self.plain_keys, &sub.plain_keys, sub.plain_all, 1),
+        ];
+        let mut places = Vec::new();
+        for (rules, carried, moot, up) in lists {
+            if moot {
+                continue;
+            }
+            for r in rules.iter().filter(|r| !is_prefix(out, r)) {
+                if let Some(rel) = rest(r, out).filter(|rel| !carried.iter().any(|c| c == rel)) {
+                    places.push(place(out, &rel[..rel.len().saturating_sub(up)]));
+                }
+            }
+        }
+        places
     }
 
     /// The layout after a stage wrote the key at the full logical path
@@ -261,6 +299,47 @@ mod tests {
         l.graft(&p("docs"), &long.subtree::<&str>(&[]));
         l.graft(&[], &long.subtree(&p("x")));
         assert_eq!(l, long);
+    }
+
+    /// A subtree below a key of digits carries the rules a query reads
+    /// there: those below the index it may be.
+    #[test]
+    fn a_subtree_below_a_key_of_digits_carries_the_rules_past_it() {
+        let base = Policy::new(4, &["stats.attrs".into()], "laconic")
+            .with_value_paths(&["sales.region".into()]);
+        for (at, same) in [("stats.7", "stats"), ("sales.2024", "sales")] {
+            assert_eq!(base.subtree(&p(at)), base.subtree(&p(same)), "{at}");
+        }
+        let mut l = base.clone();
+        l.graft(&[], &base.subtree(&p("stats.7")));
+        assert!(tok(&l, "attrs", "x") && !tok(&l, "", "x"));
+        // Put at a key of digits, a subtree whose form the rules above say
+        // too stays readable; where they say otherwise, it is opaque.
+        let mut l = base.clone();
+        l.graft(&p("stats.7"), &base.subtree(&p("stats.0")));
+        assert!(l.opaque.is_empty() && tok(&l, "stats.7.attrs", "x"));
+        let mut l = base.clone();
+        l.graft(&p("7"), &base.subtree(&p("other")));
+        l.graft(&p("2024"), &base.subtree::<&str>(&[]));
+        assert_eq!(
+            l.opaque_at(&p("7.stats.attrs.x")),
+            Some(&p("7.stats.attrs")[..])
+        );
+        assert_eq!(l.opaque_at(&p("7.sales.region")), Some(&p("7.sales")[..]));
+        assert_eq!(l.opaque_at(&p("7.total")), None);
+        assert_eq!(l.opaque_at(&p("2024.stats.attrs.x")), None);
+        let mut l = base.clone();
+        l.graft(&p("7"), &Subtree::plain());
+        assert_eq!(l.opaque_at(&p("7.sales.region")), Some(&p("7.sales")[..]));
+        assert_eq!(l.opaque_at(&p("7.stats.attrs.x")), None, "plain: kept so");
+        // `_id` kept as it is at the top holds below a key of digits there.
+        let short = Policy::new(2, &[], "laconic");
+        let mut l = short.clone();
+        l.graft(&p("7"), &short.subtree(&p("x")));
+        assert_eq!(l.opaque_at(&p("7._id")), Some(&p("7")[..]));
+        let mut l = short.clone();
+        l.graft(&p("7"), &short.subtree::<&str>(&[]));
+        assert!(l.opaque.is_empty() && !tok(&l, "7", "_id"));
     }
 
     #[test]

@@ -68,9 +68,7 @@ impl Policy {
     /// Whether the values at the logical path `path` (array indexes left
     /// out) are tokenized.
     pub fn is_value_path<S: AsRef<str>>(&self, path: &[S]) -> bool {
-        self.value_paths
-            .iter()
-            .any(|p| p.len() == path.len() && p.iter().zip(path).all(|(a, b)| a == b.as_ref()))
+        self.value_paths.iter().any(|p| is_path(p, path))
     }
 
     /// Whether documents of `db` are tokenized.
@@ -97,8 +95,7 @@ impl Policy {
     #[inline]
     fn kept_plain(&self, parent: &[&str], key: &[u8]) -> bool {
         (!self.plain_keys.is_empty() && self.plain_keys.iter().any(|p| is_key(p, parent, key)))
-            || (!self.plain_below.is_empty()
-                && self.plain_below.iter().any(|p| is_prefix(p, parent)))
+            || (!self.plain_below.is_empty() && covered_by(&self.plain_below, parent))
     }
 
     /// [`Policy::tokenizes_key`] by length and custom paths alone.
@@ -117,7 +114,7 @@ impl Policy {
         if self.min_len > 0 && key.len() >= self.min_len {
             return true;
         }
-        self.custom_paths.iter().any(|p| is_prefix(p, parent))
+        covered_by(&self.custom_paths, parent)
     }
 
     /// Whether the names of `path`, read from a document at any depth (as
@@ -154,28 +151,82 @@ pub fn is_index_like(key: &[u8]) -> bool {
     key.first().is_some_and(u8::is_ascii_digit) && key.iter().all(u8::is_ascii_digit)
 }
 
-/// Whether one of `places` is `at` or holds it.
+/// Whether one of `places` is `at` or holds it, read as [`holds`] reads.
 pub(super) fn covered_by<A: AsRef<str>>(places: &[Vec<String>], at: &[A]) -> bool {
-    places.iter().any(|p| is_prefix(p, at))
+    places.iter().any(|p| holds(p, at))
+}
+
+/// Whether the rule `rule` (a place of a policy) is the logical path `path`
+/// or holds it: part by part, or with the parts of `path` made of digits
+/// alone left out.
+///
+/// Such a part is an array index or a key of digits, and a query cannot
+/// tell which (`stats.7.attrs` reads `{stats: [..]}` and
+/// `{stats: {"7": ..}}` alike), so a query's logical path leaves it out,
+/// as a document's path leaves out an index. A rule of the configuration
+/// has no such part (`Config::validate`): it holds below a key of digits
+/// as below an index, wherever the path comes from. A place an
+/// aggregation stage computed may be a key of digits itself (`{$project:
+/// {"7": ..}}`): that rule holds only part by part.
+#[inline]
+fn holds<A: AsRef<str>, B: AsRef<str>>(rule: &[A], path: &[B]) -> bool {
+    is_prefix(rule, path) || {
+        let mut fields = fields_of(path);
+        rule.iter().all(|r| fields.next() == Some(r.as_ref()))
+    }
+}
+
+/// Whether the rule `rule` is the logical path `path`, read as [`holds`]
+/// reads.
+#[inline]
+fn is_path<A: AsRef<str>, B: AsRef<str>>(rule: &[A], path: &[B]) -> bool {
+    (rule.len() == path.len() && is_prefix(rule, path)) || {
+        let mut fields = fields_of(path);
+        rule.iter().all(|r| fields.next() == Some(r.as_ref())) && fields.next().is_none()
+    }
+}
+
+/// The parts of `path` that are not made of digits alone.
+fn fields_of<B: AsRef<str>>(path: &[B]) -> impl Iterator<Item = &str> {
+    path.iter()
+        .map(AsRef::as_ref)
+        .filter(|p| !is_index_like(p.as_bytes()))
 }
 
 /// The keys of `keys` strictly below `at`, relative to it, sorted.
 pub(super) fn below<A: AsRef<str>>(keys: &[Vec<String>], at: &[A]) -> Vec<Vec<String>> {
     let mut r: Vec<Vec<String>> = keys
         .iter()
-        .filter(|k| k.len() > at.len() && is_prefix(at, k))
-        .map(|k| k[at.len()..].to_vec())
+        .filter_map(|k| rest(k, at).filter(|r| !r.is_empty()))
+        .map(<[String]>::to_vec)
         .collect();
     r.sort();
     r
 }
 
-/// Whether the full path `path` names the key `key` under `parent`.
+/// What of the rule `rule` lies below the logical path `at`, when `at` is
+/// the rule or holds it, read as [`holds`] reads (an empty rest: `at` is
+/// the rule).
+pub(super) fn rest<'r, A: AsRef<str>>(rule: &'r [String], at: &[A]) -> Option<&'r [String]> {
+    if is_prefix(at, rule) {
+        return Some(&rule[at.len()..]);
+    }
+    let mut n = 0;
+    for f in fields_of(at) {
+        if rule.get(n).map(String::as_str) != Some(f) {
+            return None;
+        }
+        n += 1;
+    }
+    Some(&rule[n..])
+}
+
+/// Whether the full path `path` names the key `key` under `parent`, read
+/// as [`holds`] reads.
 #[inline]
 fn is_key(path: &[String], parent: &[&str], key: &[u8]) -> bool {
-    path.len() == parent.len() + 1
-        && path.last().is_some_and(|k| k.as_bytes() == key)
-        && is_prefix(parent, path)
+    path.split_last()
+        .is_some_and(|(k, above)| k.as_bytes() == key && is_path(above, parent))
 }
 
 /// Whether the path `prefix` starts the path `path` (or is it).
@@ -475,6 +526,24 @@ mod tests {
         // Digits alone are an array index in a path: kept as they are.
         assert!(!p.tokenizes(&[], "20240101") && !p.tokenizes(&["custom"], "7"));
         assert!(p.tokenizes(&[], "2024-01-01") && p.tokenizes(&["custom"], "7a"));
+        // A rule holds below a key of digits as below an index: the path a
+        // query reads, which leaves such parts out.
+        assert!(p.tokenizes(&["a", "7", "b"], "c") && p.tokenizes(&["a", "b", "2024"], "c"));
+        assert!(p.tokenizes(&["7", "custom"], "x") && !p.tokenizes(&["a", "7"], "c"));
+        assert!(!p.tokenizes(&["a", "7b", "b"], "c"));
+        let v = p.clone().with_value_paths(&["sales.region".into()]);
+        assert!(
+            v.is_value_path(&["sales", "2024", "region"]) && v.is_value_path(&["sales", "region"])
+        );
+        assert!(
+            !v.is_value_path(&["sales", "2024"]) && !v.is_value_path(&["sales", "x", "region"])
+        );
+        // `_id` at the top is kept as it is where names of 1 to 3 bytes are
+        // tokenized, and so below a key of digits at the top: a query reads
+        // `7._id` as the top's.
+        let short = Policy::new(2, &[], "laconic");
+        assert!(!short.tokenizes(&[], "_id") && short.tokenizes(&["a"], "_id"));
+        assert!(!short.tokenizes(&["7"], "_id") && short.tokenizes(&["7", "a"], "_id"));
         assert!(p.applies_to("app") && !p.applies_to("admin") && !p.applies_to("laconic"));
         assert!(!Policy::new(0, &[], "laconic").applies_to("app"));
     }

@@ -193,6 +193,122 @@ async fn keys_of_digits_alone_are_found_by_paths_as_on_the_twin() {
     );
 }
 
+/// A rule of more than one part (`stats.attrs`, `sales.region`) holds the
+/// same names below a key of digits as below an array index: a query reads
+/// `stats.7.attrs` as `stats.attrs` whichever `7` is, and an aggregation
+/// reads it as the key. Before, a document keyed by digits there was stored
+/// by the rules of another place: the filter, the projection and the
+/// aggregation missed its names and values, and the update wrote `x` a
+/// second time beside its plain form.
+#[tokio::test]
+async fn rules_of_many_parts_hold_below_keys_of_digits_as_below_indexes() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.custom_paths = vec!["stats.attrs".into()];
+    config.tokenize.value_paths = vec!["sales.region".into()];
+    config.tokenize.store_db = db_name("tok", "rules_store");
+    let proxy = common::start(config).await;
+    let db = db_name("tok", "rules");
+    let via = common::via_proxy(&proxy)
+        .await
+        .database(&db)
+        .collection::<Document>("c");
+    let twin = common::direct()
+        .await
+        .database(&db_name("tok", "rules_twin"))
+        .collection::<Document>("c");
+    let mut seen = Vec::new();
+    for c in [&via, &twin] {
+        c.drop().await.unwrap();
+        c.insert_many([
+            doc! {"_id": 1, "stats": {"7": {"attrs": {"x": 1}}}, "sales": {"2024": {"region": "EU"}}},
+            doc! {"_id": 2, "stats": [{"attrs": {"x": 2}}], "sales": [{"region": "EU"}]},
+        ])
+        .await
+        .unwrap();
+        let mut found = Vec::new();
+        for filter in [
+            doc! {"stats.7.attrs.x": 1},
+            doc! {"sales.2024.region": "EU"},
+            doc! {"stats.0.attrs.x": 2},
+            doc! {"sales.0.region": "EU"},
+        ] {
+            found.push(
+                c.find_one(filter)
+                    .await
+                    .unwrap()
+                    .map(|d| d.get("_id").cloned()),
+            );
+        }
+        let projected: Vec<Document> = c
+            .find(doc! {})
+            .projection(doc! {"stats.7.attrs": 1, "sales.2024.region": 1})
+            .sort(doc! {"_id": 1})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let computed: Vec<Document> = c
+            .aggregate([
+                doc! {"$sort": {"_id": 1}},
+                doc! {"$project": {"x": "$stats.7.attrs.x", "r": "$sales.2024.region"}},
+            ])
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        // A move carries the rules below the key of digits along.
+        let moved: Vec<Document> = c
+            .aggregate([
+                doc! {"$match": {"_id": 1}},
+                doc! {"$replaceRoot": {"newRoot": "$stats.7"}},
+                doc! {"$match": {"attrs.x": 1}},
+                doc! {"$project": {"x": "$attrs.x"}},
+            ])
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(moved, [doc! {"x": 1}]);
+        c.update_one(
+            doc! {"_id": 1},
+            doc! {"$inc": {"stats.7.attrs.x": 1}, "$set": {"sales.2024.region": "US"}},
+        )
+        .await
+        .unwrap();
+        seen.push((
+            found,
+            projected,
+            computed,
+            c.find_one(doc! {"_id": 1}).await.unwrap(),
+        ));
+    }
+    assert_eq!(seen[0], seen[1]);
+    assert_eq!(seen[0].0.iter().flatten().count(), 4, "{:?}", seen[0].0);
+    assert_eq!(
+        seen[0].3,
+        Some(
+            doc! {"_id": 1, "stats": {"7": {"attrs": {"x": 2}}}, "sales": {"2024": {"region": "US"}}}
+        )
+    );
+    // Stored: `x` below the key of digits as a token, as below the index.
+    for d in common::stored(&db, "c").await {
+        let attrs = match d.values().nth(1).unwrap() {
+            Bson::Document(s) => s.get_document("7").unwrap().values().next(),
+            Bson::Array(a) => a[0].as_document().unwrap().values().next(),
+            other => panic!("{other}"),
+        };
+        let attrs = attrs.unwrap().as_document().unwrap();
+        assert!(
+            attrs.keys().all(|k| matches!(decode(k), Stored::Token(_))),
+            "{d}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn unrewritable_constructs_are_refused_by_name() {
     let proxy = tokenizing_proxy().await;

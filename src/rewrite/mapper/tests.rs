@@ -785,6 +785,31 @@ fn later_stages_name_moved_fields_in_their_stored_form() {
         "{e}"
     );
     rewritten(vec![unknown, doc! {"$match": {"color": 1}}]).unwrap();
+    // Below a key of digits, `custom` holds as a query reads it
+    // (`7.custom` is `custom` to it): a subtree moved there from another
+    // place cannot be read by that rule, and is refused below it; one
+    // whose form the rule says is rewritten.
+    let e = rewritten(vec![
+        doc! {"$project": {"7": "$other"}},
+        doc! {"$match": {"7.custom.qty": 1}},
+    ])
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("naming fields below 7.custom after"),
+        "{e}"
+    );
+    let p = rewritten(vec![
+        doc! {"$project": {"7": "$other"}},
+        doc! {"$match": {"7.color": 1}},
+    ])
+    .unwrap();
+    assert_eq!(p[1], doc! {"$match": {format!("7.{color}"): 1}});
+    let p = rewritten(vec![
+        doc! {"$project": {"7": "$$ROOT"}},
+        doc! {"$match": {"7.custom.qty": 1}},
+    ])
+    .unwrap();
+    assert_eq!(p[1], doc! {"$match": {format!("7.custom.{qty}"): 1}});
 }
 
 /// A stage's output key of digits alone is a field's name: the place it
