@@ -10,7 +10,8 @@
 # seeds no earlier campaign drew).
 #
 # The proxies tokenize every name, and names of 4 bytes or more with custom
-# attributes and three value paths. The upstream is a SecantusDB started
+# attributes (at custom, and at address.location: a rule of two parts) and
+# three value paths (location.city: two parts). The upstream is a SecantusDB started
 # here, or the server LACONIC_TEST_UPSTREAM names (a real mongod, say).
 # Prints each seed's summary and every difference; exits 1 if any.
 set -euo pipefail
@@ -33,7 +34,7 @@ direct="$upstream"
 case "$direct" in *\?*) direct="$direct&directConnection=true" ;; *) direct="$direct?directConnection=true" ;; esac
 
 every=(--tokenize-min-len 1 --store-db laconic_explore_all)
-values=(--tokenize-min-len 4 --custom-path custom --value-path tags --value-path productCategory
+values=(--tokenize-min-len 4 --custom-path custom --custom-path address.location --value-path tags --value-path productCategory
   --value-path location.city --store-db laconic_explore_values)
 addrs=()
 for name in every values; do
