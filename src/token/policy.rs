@@ -179,11 +179,8 @@ fn holds<A: AsRef<str>, B: AsRef<str>>(rule: &[A], path: &[B]) -> bool {
 /// Whether the rule `rule` is the logical path `path`, read as [`holds`]
 /// reads.
 #[inline]
-fn is_path<A: AsRef<str>, B: AsRef<str>>(rule: &[A], path: &[B]) -> bool {
-    (rule.len() == path.len() && is_prefix(rule, path)) || {
-        let mut fields = fields_of(path);
-        rule.iter().all(|r| fields.next() == Some(r.as_ref())) && fields.next().is_none()
-    }
+fn is_path<B: AsRef<str>>(rule: &[String], path: &[B]) -> bool {
+    rest(rule, path).is_some_and(<[String]>::is_empty)
 }
 
 /// The parts of `path` that are not made of digits alone.
