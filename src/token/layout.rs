@@ -182,7 +182,9 @@ impl Policy {
             }
             for r in rules.iter().filter(|r| !is_prefix(out, r)) {
                 if let Some(rel) = rest(r, out).filter(|rel| !carried.iter().any(|c| c == rel)) {
-                    places.push(place(out, &rel[..rel.len().saturating_sub(up)]));
+                    let mut at = place(out, rel);
+                    at.truncate(at.len().saturating_sub(up));
+                    places.push(at);
                 }
             }
         }
@@ -332,6 +334,13 @@ mod tests {
         l.graft(&p("7"), &Subtree::plain());
         assert_eq!(l.opaque_at(&p("7.sales.region")), Some(&p("7.sales")[..]));
         assert_eq!(l.opaque_at(&p("7.stats.attrs.x")), None, "plain: kept so");
+        // Below a value path, a key of digits holds its values too.
+        let mut l = base.clone();
+        l.graft(&p("sales.region.7"), &Subtree::plain());
+        assert_eq!(
+            l.opaque_at(&p("sales.region.7")),
+            Some(&p("sales.region")[..])
+        );
         // `_id` kept as it is at the top holds below a key of digits there.
         let short = Policy::new(2, &[], "laconic");
         let mut l = short.clone();
