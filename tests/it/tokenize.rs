@@ -4,6 +4,7 @@
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 use laconic::token::namespace::{decode, Stored};
+use mongodb::Collection;
 
 use crate::common::{self, db_name};
 use crate::passthrough::crud_script;
@@ -14,6 +15,23 @@ async fn tokenizing_proxy() -> laconic::downstream::ProxyHandle {
     config.tokenize.custom_paths = vec!["custom".into()];
     config.tokenize.store_db = db_name("tok", "store");
     common::start(config).await
+}
+
+/// The collection `c` of the test's database through `proxy`, and of its
+/// untokenized twin straight from the upstream.
+async fn via_and_twin(
+    proxy: &laconic::downstream::ProxyHandle,
+    side: &str,
+) -> (Collection<Document>, Collection<Document>) {
+    let via = common::via_proxy(proxy)
+        .await
+        .database(&db_name("tok", side))
+        .collection("c");
+    let twin = common::direct()
+        .await
+        .database(&db_name("tok", &format!("{side}_twin")))
+        .collection("c");
+    (via, twin)
 }
 
 #[tokio::test]
@@ -139,14 +157,7 @@ async fn sub_documents_set_by_an_update_are_tokenized_in_their_scope() {
 async fn keys_of_digits_alone_are_found_by_paths_as_on_the_twin() {
     let proxy = tokenizing_proxy().await;
     let db = db_name("tok", "digits");
-    let via = common::via_proxy(&proxy)
-        .await
-        .database(&db)
-        .collection::<Document>("c");
-    let twin = common::direct()
-        .await
-        .database(&db_name("tok", "digits_twin"))
-        .collection::<Document>("c");
+    let (via, twin) = via_and_twin(&proxy, "digits").await;
     let mut seen = Vec::new();
     for c in [&via, &twin] {
         c.drop().await.unwrap();
@@ -209,14 +220,7 @@ async fn rules_of_many_parts_hold_below_keys_of_digits_as_below_indexes() {
     config.tokenize.store_db = db_name("tok", "rules_store");
     let proxy = common::start(config).await;
     let db = db_name("tok", "rules");
-    let via = common::via_proxy(&proxy)
-        .await
-        .database(&db)
-        .collection::<Document>("c");
-    let twin = common::direct()
-        .await
-        .database(&db_name("tok", "rules_twin"))
-        .collection::<Document>("c");
+    let (via, twin) = via_and_twin(&proxy, "rules").await;
     let mut seen = Vec::new();
     for c in [&via, &twin] {
         c.drop().await.unwrap();
