@@ -7,7 +7,9 @@ use crate::token::namespace::{starts_token, token_len, value_number, Token, ESCA
 use crate::token::Names;
 
 /// How a server's error text prints a value token (binary subtype 140,
-/// [`VALUE_SUBTYPE`](crate::token::namespace::VALUE_SUBTYPE)): `BinData(140, <hex>)`.
+/// [`VALUE_SUBTYPE`](crate::token::namespace::VALUE_SUBTYPE)): `BinData(140, <hex>)`,
+/// as MongoDB does, or with the hex in quotes, `BinData(140, "<hex>")`, as
+/// SecantusDB's Rust server does.
 const VALUE_IN_TEXT: &[u8] = b"BinData(140, ";
 
 /// Whether a text may name a field or hold a value token: what
@@ -21,7 +23,11 @@ pub(super) fn text_needs_expanding(text: &[u8]) -> bool {
 /// knows it: how many bytes it takes, and its string.
 fn value_in_text<'n, N: Names + ?Sized>(text: &[u8], names: &'n N) -> Option<(usize, &'n str)> {
     let rest = text.strip_prefix(VALUE_IN_TEXT)?;
-    let hex = &rest[..rest.iter().position(|&b| b == b')')?];
+    let printed = &rest[..rest.iter().position(|&b| b == b')')?];
+    let hex = match printed.strip_prefix(b"\"") {
+        Some(quoted) => quoted.strip_suffix(b"\"")?,
+        None => printed,
+    };
     if hex.len() % 2 != 0 || hex.len() > 10 {
         return None;
     }
@@ -31,7 +37,7 @@ fn value_in_text<'n, N: Names + ?Sized>(text: &[u8], names: &'n N) -> Option<(us
         bytes[i] = u8::from_str_radix(digits, 16).ok()?;
     }
     let value = names.value(value_number(&bytes[..hex.len() / 2])?)?;
-    Some((VALUE_IN_TEXT.len() + hex.len() + 1, value))
+    Some((VALUE_IN_TEXT.len() + printed.len() + 1, value))
 }
 
 /// A string as the server prints a string value in a text: in double
@@ -54,7 +60,7 @@ fn print_string(s: &str, out: &mut String) {
 /// Names inside an error message (`dup key: { <token>: … }`), best effort:
 /// a token is found whole by its first byte (tokens delimit themselves) and
 /// replaced by its name when the dictionary knows it, and a value token
-/// (`BinData(140, <hex>)`) by its string in quotes. Anything else, unknown
+/// (`BinData(140, <hex>)`, the hex bare or in quotes) by its string in quotes. Anything else, unknown
 /// tokens included, is left as it is: a text never names a field it does
 /// not name.
 ///

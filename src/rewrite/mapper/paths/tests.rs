@@ -351,8 +351,9 @@ fn an_error_text_is_read_within_its_quotes_and_its_room() {
 }
 
 /// A value token in an error text (`BinData(140, <hex>)`, as the server
-/// prints a binary) reads as its string, printed as the server prints a
-/// string value: in quotes, as it is, cut after 150 bytes when longer.
+/// prints a binary; some servers put the hex in quotes) reads as its
+/// string, printed as the server prints a string value: in quotes, as it
+/// is, cut after 150 bytes when longer.
 #[test]
 fn an_error_text_prints_a_value_token_as_its_string() {
     let mut dict = Dict::default();
@@ -375,13 +376,28 @@ fn an_error_text_prints_a_value_token_as_its_string() {
         expand("{ tags: BinData(140, 02) }"),
         format!("{{ tags: \"{}...\" }}", "é".repeat(75))
     );
+    // The hex in quotes, as SecantusDB's Rust server prints it: the
+    // quotes go with the token, and what follows stays as it is.
+    assert_eq!(
+        expand("Input document: {tags: BinData(140, \"00\")}"),
+        "Input document: {tags: \"emailAddress\"}"
+    );
+    assert_eq!(
+        expand("{ tags: BinData(140, \"01\"), a: 1 }"),
+        "{ tags: \"say \"hi\"\n\", a: 1 }"
+    );
     // Unknown, malformed, or inside a word: left as it is.
     for text in [
         "{a: BinData(140, 03)}",
         "{a: BinData(140, 0)}",
         "{a: BinData(140, zz)}",
         "{a: BinData(140, 00",
+        "{a: BinData(140, \"00)}",
+        "{a: BinData(140, 00\")}",
+        "{a: BinData(140, \"0\")}",
+        "{a: BinData(140, \"03\")}",
         "{a: xBinData(140, 00)}",
+        "{a: xBinData(140, \"00\")}",
         "{a: BinData(0, 00)}",
     ] {
         assert_eq!(expand(text), text);
