@@ -147,12 +147,19 @@ pub fn expand_text_within<N: Names + ?Sized>(text: &str, names: &N, most: usize)
         }
         if !in_word && starts_token(b) && (!quoted || read_quoted) {
             // Within quotes, a token may end in a `"` of its own only where
-            // the string goes on as a path or ends right after it;
-            // otherwise it stops before the closing quote.
+            // the string goes on as a path (a dot, then more than white
+            // space: not the end of a sentence, `"…". Type`) or ends right
+            // after it; otherwise it stops before the closing quote.
             let len = match quoted {
                 false => token_len(&bytes[i..]),
                 true => token_len(&bytes[i..])
-                    .filter(|&len| matches!(bytes.get(i + len), Some(b'"' | b'.')))
+                    .filter(|&len| match bytes.get(i + len) {
+                        Some(b'"') => true,
+                        Some(b'.') => bytes
+                            .get(i + len + 1)
+                            .is_some_and(|c| !c.is_ascii_whitespace()),
+                        _ => false,
+                    })
                     .or_else(|| {
                         let end = memchr::memchr(b'"', &bytes[i..]).map_or(bytes.len(), |n| i + n);
                         token_len(&bytes[i..end])

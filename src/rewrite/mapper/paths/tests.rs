@@ -491,4 +491,11 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
         expand(&format!("x: \"{first}\" }}")),
         format!("x: \"{first}\" }}")
     );
+    // Nor where a sentence goes on after the closing quote: the quote is
+    // not the token's, and the value in the document after it stays too.
+    let text = format!(
+        "resulting value was: \"{first}\". Type of resulting value: 'string'. \
+         Input document: {{price: \"{first}\"}}"
+    );
+    assert_eq!(expand(&text), text);
 }
