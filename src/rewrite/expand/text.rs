@@ -12,6 +12,12 @@ use crate::token::Names;
 /// SecantusDB's Rust server does.
 const VALUE_IN_TEXT: &[u8] = b"BinData(140, ";
 
+/// How a server begins the error of a `$rename` whose source and target
+/// clash (`… must differ: <source>: "<target>"`, `… must not be on the same
+/// path: …`): the first string it prints in quotes after this is the
+/// target, a path the proxy wrote, not a value.
+const RENAME_CLASH: &[u8] = b"The source and target field for $rename must ";
+
 /// Whether a text may name a field or hold a value token: what
 /// [`expand_text`] reads.
 pub(super) fn text_needs_expanding(text: &[u8]) -> bool {
@@ -38,6 +44,23 @@ fn value_in_text<'n, N: Names + ?Sized>(text: &[u8], names: &'n N) -> Option<(us
     }
     let value = names.value(value_number(&bytes[..hex.len() / 2])?)?;
     Some((VALUE_IN_TEXT.len() + printed.len() + 1, value))
+}
+
+/// The path printed in quotes at the start of `rest` (after the opening
+/// quote), each part read as a path's: a token as its name, an escaped key
+/// without its escape; and how many bytes it takes there. `None` where the
+/// quotes do not close, or hold an escaped quote (a server printing `\"`):
+/// the text is then read as any other.
+fn path_in_quotes<N: Names + ?Sized>(rest: &str, names: &N) -> Option<(usize, String)> {
+    let end = memchr::memchr(b'"', rest.as_bytes())?;
+    let path = &rest[..end];
+    if path.contains('\\') {
+        return None;
+    }
+    Some((
+        end,
+        super::path_key(path, names, &mut Vec::new()).into_owned(),
+    ))
 }
 
 /// A string as the server prints a string value in a text: in double
@@ -106,12 +129,31 @@ pub fn expand_text_within<N: Names + ?Sized>(text: &str, names: &N, most: usize)
     let mut depth = 0usize;
     // Whether tokens are read in the quoted string `i` is in.
     let mut read_quoted = true;
+    // Where the target of a `$rename` that clashes may be printed from.
+    let mut rename_target =
+        memchr::memmem::find(bytes, RENAME_CLASH).map(|at| at + RENAME_CLASH.len());
     while i < bytes.len() {
         let b = bytes[i];
         if quoted && b == b'\\' {
             i += 2;
             in_word = true;
             continue;
+        }
+        if b == b'"' && !quoted && depth == 0 && rename_target.is_some_and(|at| i >= at) {
+            rename_target = None;
+            if let Some((len, target)) = path_in_quotes(&text[i + 1..], names) {
+                if out.len() + (i - plain) + target.len() + 2 > most {
+                    return None;
+                }
+                out.push_str(&text[plain..i]);
+                out.push('"');
+                out.push_str(&target);
+                out.push('"');
+                i += len + 2;
+                plain = i;
+                in_word = false;
+                continue;
+            }
         }
         if b == b'"' {
             quoted = !quoted;

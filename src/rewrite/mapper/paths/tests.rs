@@ -409,6 +409,54 @@ fn an_error_text_prints_a_value_token_as_its_string() {
     assert!(crate::rewrite::expand::raw::needed(raw.as_bytes()));
 }
 
+/// The target of a `$rename` whose source and target clash is a path the
+/// proxy wrote, printed in quotes after the source: each part is read as a
+/// path's, its escape byte dropped and its tokens named, where a quoted
+/// value elsewhere keeps its escape byte.
+#[test]
+fn an_error_text_reads_a_clashing_rename_target_as_a_path() {
+    let mut dict = Dict::default();
+    dict.add_names(&["tab\tname".to_owned(), "level".to_owned()]);
+    let tab = dict.token("tab\tname").unwrap().as_str().to_owned();
+    let level = dict.token("level").unwrap().as_str().to_owned();
+    let expand = |t: &str| expand::expand_text(t, &dict);
+    // As SecantusDB's Rust server printed them in the campaign (seeds 4873
+    // and 4875): the source as a key, the target as a string.
+    assert_eq!(
+        expand(&format!(
+            "The source and target field for $rename must not be on the same path: \
+             \u{1f}\u{1}x: \"\u{1f}\u{1}x.{tab}\""
+        )),
+        "The source and target field for $rename must not be on the same path: \
+         \u{1}x: \"\u{1}x.tab\tname\""
+    );
+    assert_eq!(
+        expand("The source and target field for $rename must differ: \u{1f}\u{2}: \"\u{1f}\u{2}\""),
+        "The source and target field for $rename must differ: \u{2}: \"\u{2}\""
+    );
+    // Behind a server's prefix, and a target of tokens alone.
+    assert_eq!(
+        expand(&format!(
+            "Plan executor error :: caused by :: The source and target field for $rename \
+             must differ: {level}: \"{level}.{tab}\" and \"\u{1f}\u{2}\""
+        )),
+        "Plan executor error :: caused by :: The source and target field for $rename \
+         must differ: level: \"level.tab\tname\" and \"\u{1f}\u{2}\""
+    );
+    // Unclosed, or holding an escaped quote: read as any quoted string.
+    for text in [
+        "The source and target field for $rename must differ: a: \"\u{1f}\u{2}",
+        "The source and target field for $rename must differ: a: \"\u{1f}\u{2}\\\"\"",
+    ] {
+        assert_eq!(expand(text), text);
+    }
+    // Elsewhere a quoted string's escape byte stays: it may be a value.
+    assert_eq!(
+        expand("resulting value was: \"\u{1f}\u{2}\""),
+        "resulting value was: \"\u{1f}\u{2}\""
+    );
+}
+
 /// A control byte that is the user's own, in an error text, is not read as
 /// a token, though its dictionary has one spelled by that byte: the first
 /// byte of an escaped key (which was an index's key in a server's error),
