@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A random differential campaign (not run in CI): seeds of random operations
-# through two tokenizing proxies, each against an untokenized twin database
+# through three tokenizing proxies, each against an untokenized twin database
 # on the same upstream (tests/py/random_differential.py says what is drawn
 # and compared).
 #
@@ -9,9 +9,12 @@
 # (default: 50 seeds of 400 operations, from seed 1; a later FIRST explores
 # seeds no earlier campaign drew).
 #
-# The proxies tokenize every name, and names of 4 bytes or more with custom
+# The proxies tokenize every name; names of 4 bytes or more with custom
 # attributes (at custom, and at address.location: a rule of two parts) and
-# three value paths (location.city: two parts). The upstream is a SecantusDB started
+# three value paths (location.city: two parts); and names of 6 bytes or more,
+# with custom attributes at items (which holds arrays of documents) and at
+# nested.meta, and values at city and level (so that short names left as they
+# are meet tokens in the same documents). The upstream is a SecantusDB started
 # here, or the server LACONIC_TEST_UPSTREAM names (a real mongod, say).
 # Prints each seed's summary and every difference; exits 1 if any.
 set -euo pipefail
@@ -36,8 +39,10 @@ case "$direct" in *\?*) direct="$direct&directConnection=true" ;; *) direct="$di
 every=(--tokenize-min-len 1 --store-db laconic_explore_all)
 values=(--tokenize-min-len 4 --custom-path custom --custom-path address.location --value-path tags --value-path productCategory
   --value-path location.city --store-db laconic_explore_values)
+mixed=(--tokenize-min-len 6 --custom-path items --custom-path nested.meta --value-path city --value-path level
+  --store-db laconic_explore_mixed)
 addrs=()
-for name in every values; do
+for name in every values mixed; do
   declare -n options=$name
   ./target/release/laconic serve --listen 127.0.0.1:0 --upstream "$upstream" --no-metrics "${options[@]}" \
     > "$work/$name.out" 2> "$work/$name.log" &
@@ -47,7 +52,7 @@ done
 
 failed=0
 for seed in $(seq "$first" $((first + seeds - 1))); do
-  for i in 0 1; do
+  for i in 0 1 2; do
     out=$(.upstream/venv/bin/python tests/py/random_differential.py \
       "mongodb://${addrs[$i]}/?retryWrites=false" "$direct" "explore_${i}_$seed" "$seed" "$ops" wide 2>&1) || true
     echo "$out" | grep -v "^refused" | sed "s/^/[${addrs[$i]}] /"
