@@ -48,12 +48,25 @@ fn value_in_text<'n, N: Names + ?Sized>(text: &[u8], names: &'n N) -> Option<(us
 
 /// The path printed in quotes at the start of `rest` (after the opening
 /// quote), each part read as a path's: a token as its name, an escaped key
-/// without its escape; and how many bytes it takes there. `None` where the
-/// quotes do not close, or hold an escaped quote (a server printing `\"`):
-/// the text is then read as any other.
+/// without its escape; and how many bytes it takes there. A part that is a
+/// token is taken whole, a quote of its own included (a server that prints
+/// quotes bare prints such a token so). `None` where the quotes do not
+/// close, or hold an escaped quote (a server printing `\"`): the text is
+/// then read as any other.
 fn path_in_quotes<N: Names + ?Sized>(rest: &str, names: &N) -> Option<(usize, String)> {
-    let end = memchr::memchr(b'"', rest.as_bytes())?;
-    let path = &rest[..end];
+    let bytes = rest.as_bytes();
+    let mut end = 0;
+    loop {
+        if bytes.get(end).copied().is_some_and(starts_token) {
+            end += token_len(&bytes[end..]).unwrap_or(1);
+        }
+        end += memchr::memchr2(b'.', b'"', bytes.get(end..)?)?;
+        if bytes[end] == b'"' {
+            break;
+        }
+        end += 1;
+    }
+    let path = rest.get(..end)?;
     if path.contains('\\') {
         return None;
     }

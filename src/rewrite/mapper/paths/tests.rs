@@ -455,6 +455,34 @@ fn an_error_text_reads_a_clashing_rename_target_as_a_path() {
         expand("resulting value was: \"\u{1f}\u{2}\""),
         "resulting value was: \"\u{1f}\u{2}\""
     );
+    // A target part that is a token ending in a quote, as a server that
+    // prints quotes bare prints it: the token whole, then the closing quote.
+    let mut many = Dict::default();
+    let names: Vec<String> = (0..400).map(|i| format!("n{i:03}")).collect();
+    many.add_names(&names);
+    let (name, token) = names
+        .iter()
+        .find_map(|n| {
+            let t = many.token(n)?.as_str().to_owned();
+            (t.len() == 2 && t.ends_with('"')).then_some((n.clone(), t))
+        })
+        .expect("a two-byte token that ends in a quote");
+    assert_eq!(
+        expand::expand_text(
+            &format!(
+                "The source and target field for $rename must differ: {token}: \"{token}\" }}"
+            ),
+            &many
+        ),
+        format!("The source and target field for $rename must differ: {name}: \"{name}\" }}")
+    );
+    assert_eq!(
+        expand::expand_text(
+            &format!("The source and target field for $rename must differ: a: \"{token}.x\""),
+            &many
+        ),
+        format!("The source and target field for $rename must differ: a: \"{name}.x\"")
+    );
 }
 
 /// A control byte that is the user's own, in an error text, is not read as
