@@ -101,14 +101,15 @@ fn print_string(s: &str, out: &mut String) {
 /// not name.
 ///
 /// Inside double quotes the server prints a string value: the user's, or a
-/// path the proxy wrote (a `$rename` target). In a document it prints
-/// (`{ a: "…" }`, between braces), a string is a value of that document,
-/// and is read only as a field path (`"$<token>…"`, an expression's).
-/// Elsewhere a token is read in it, but not past the closing quote, and an
-/// escape byte stays: a value's own control bytes are left as they are,
-/// unless one spells a whole token the dictionary knows (a value beginning
-/// with a control character, in an error printing it outside a document,
-/// then reads as that name: the one guess left).
+/// path the proxy wrote. A string is read only as a field path (`"$<token>…"`,
+/// an expression's), and, outside a printed document (`{ a: "…" }`), as
+/// the target of a `$rename` whose source and target clash, which the
+/// server prints after saying so: any other is a value (`resulting value
+/// was: "…"`, `element a: "…"`), and a value's own control bytes are left
+/// as they are, even one that spells a whole token the dictionary knows.
+/// (Until this build such a value, printed outside a document, read as
+/// that token's name.) In a path, a token is read but not past the closing
+/// quote, and an escape byte stays.
 ///
 /// A key starts a path component, so a token or an escape is read only
 /// where a word starts: not right after a letter, a digit, `_`, a non-ASCII
@@ -170,7 +171,7 @@ pub fn expand_text_within<N: Names + ?Sized>(text: &str, names: &N, most: usize)
         }
         if b == b'"' {
             quoted = !quoted;
-            read_quoted = depth == 0 || bytes.get(i + 1) == Some(&b'$');
+            read_quoted = bytes.get(i + 1) == Some(&b'$');
         } else if !quoted && (b == b'{' || b == b'}') {
             depth = if b == b'{' {
                 depth + 1

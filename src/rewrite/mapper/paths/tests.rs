@@ -527,22 +527,22 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
         format!("{{ {b4}: \"\u{7f}\" }}")
     );
     assert_eq!(
-        expand("must differ: \u{2}: \"\u{2}.\u{4}\""),
-        format!("must differ: {b2}: \"{b2}.{b4}\"")
+        expand("The source and target field for $rename must differ: \u{2}: \"\u{2}.\u{4}\""),
+        format!("The source and target field for $rename must differ: {b2}: \"{b2}.{b4}\"")
     );
-    // In a printed document, a quoted string is the document's value, even
-    // one spelling a token (`"\u{2}"`), unless it is a field path.
+    // In a printed document and outside one, a quoted string is a value,
+    // even one spelling a token (`"\u{2}"`), unless it is a field path.
     assert_eq!(
         expand("in element {b: [ { \u{2}: \"\u{2}\" } ]} and \"\u{2}\""),
-        format!("in element {{b: [ {{ {b2}: \"\u{2}\" }} ]}} and \"{b2}\"")
+        format!("in element {{b: [ {{ {b2}: \"\u{2}\" }} ]}} and \"\u{2}\"")
     );
     assert_eq!(
         expand("{ $concat: [ \"$\u{2}.\u{4}\", \"\u{4}\" ] }"),
         format!("{{ $concat: [ \"${b2}.{b4}\", \"\u{4}\" ] }}")
     );
-    // A token whose last byte is a quote, in quotes: read where the rest of
-    // a path or the closing quote follows it; a value of its first byte
-    // alone stays.
+    // A token whose last byte is a quote, in a path in quotes: read where
+    // the rest of the path or the closing quote follows it; a path of its
+    // first byte alone stays.
     let mut many = Dict::default();
     let names: Vec<String> = (0..400).map(|i| format!("n{i:03}")).collect();
     many.add_names(&names);
@@ -555,17 +555,17 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
         .expect("a two-byte token that ends in a quote");
     let expand = |t: &str| expand::expand_text(t, &many);
     assert_eq!(
-        expand(&format!("same path: x: \"{token}.y\"")),
-        format!("same path: x: \"{name}.y\"")
+        expand(&format!("{{ $concat: [ \"${token}.y\" ] }}")),
+        format!("{{ $concat: [ \"${name}.y\" ] }}")
     );
     assert_eq!(
-        expand(&format!("x: \"{token}\" }}")),
-        format!("x: \"{name}\" }}")
+        expand(&format!("{{ $concat: [ \"${token}\" ] }}")),
+        format!("{{ $concat: [ \"${name}\" ] }}")
     );
     let first = &token[..1];
     assert_eq!(
-        expand(&format!("x: \"{first}\" }}")),
-        format!("x: \"{first}\" }}")
+        expand(&format!("{{ $concat: [ \"${first}\" ] }}")),
+        format!("{{ $concat: [ \"${first}\" ] }}")
     );
     // Nor where a sentence goes on after the closing quote: the quote is
     // not the token's, and the value in the document after it stays too.
@@ -573,5 +573,7 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
         "resulting value was: \"{first}\". Type of resulting value: 'string'. \
          Input document: {{price: \"{first}\"}}"
     );
+    assert_eq!(expand(&text), text);
+    let text = format!("cannot read \"${first}\". Type of it: 'string'");
     assert_eq!(expand(&text), text);
 }
