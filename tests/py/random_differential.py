@@ -423,23 +423,27 @@ def resync():
 
     SecantusDB's Rust server can be left refusing every insert into a
     collection with a duplicate key error on a unique index, even once the
-    collection is empty (its validate counts no key); it does so on the twin
-    as on the proxy's side. Both collections are then dropped, indexes and
-    all, and filled again, so that the two sides stay alike."""
+    collection is empty (its validate counts no key). When the twin refuses
+    its own documents so, both collections are dropped, indexes and all, and
+    filled again. The proxy's side is filled last: a refusal there of what
+    the twin took stops the run."""
     for name in ("c", "o", "m"):
         docs = list(ddb[name].find().sort("_id", 1))
         try:
-            for db in (pdb, ddb):
-                db[name].delete_many({})
-                if docs:
-                    db[name].insert_many(docs)
+            refill(ddb[name], docs)
         except pymongo.errors.OperationFailure as e:
             print(f"resync: {name} dropped on both sides, the upstream refused "
                   f"the twin's own documents ({str(e)[:80]})")
             for db in (pdb, ddb):
                 db[name].drop()
-                if docs:
-                    db[name].insert_many(docs)
+            refill(ddb[name], docs)
+        refill(pdb[name], docs)
+
+
+def refill(coll, docs):
+    coll.delete_many({})
+    if docs:
+        coll.insert_many(docs)
 
 
 def shown(x):
