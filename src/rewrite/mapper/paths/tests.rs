@@ -409,6 +409,22 @@ fn an_error_text_prints_a_value_token_as_its_string() {
     assert!(crate::rewrite::expand::raw::needed(raw.as_bytes()));
 }
 
+/// A dictionary of 400 names, one of whose two-byte tokens ends in a quote:
+/// that name and its token.
+fn quote_ending_token() -> (Dict, String, String) {
+    let mut many = Dict::default();
+    let names: Vec<String> = (0..400).map(|i| format!("n{i:03}")).collect();
+    many.add_names(&names);
+    let (name, token) = names
+        .iter()
+        .find_map(|n| {
+            let t = many.token(n)?.as_str().to_owned();
+            (t.len() == 2 && t.ends_with('"')).then_some((n.clone(), t))
+        })
+        .expect("a two-byte token that ends in a quote");
+    (many, name, token)
+}
+
 /// The target of a `$rename` whose source and target clash is a path the
 /// proxy wrote, printed in quotes after the source: each part is read as a
 /// path's, its escape byte dropped and its tokens named, where a quoted
@@ -457,16 +473,7 @@ fn an_error_text_reads_a_clashing_rename_target_as_a_path() {
     );
     // A target part that is a token ending in a quote, as a server that
     // prints quotes bare prints it: the token whole, then the closing quote.
-    let mut many = Dict::default();
-    let names: Vec<String> = (0..400).map(|i| format!("n{i:03}")).collect();
-    many.add_names(&names);
-    let (name, token) = names
-        .iter()
-        .find_map(|n| {
-            let t = many.token(n)?.as_str().to_owned();
-            (t.len() == 2 && t.ends_with('"')).then_some((n.clone(), t))
-        })
-        .expect("a two-byte token that ends in a quote");
+    let (many, name, token) = quote_ending_token();
     assert_eq!(
         expand::expand_text(
             &format!(
@@ -543,16 +550,7 @@ fn an_error_text_keeps_control_bytes_of_the_users_keys() {
     // A token whose last byte is a quote, in a path in quotes: read where
     // the rest of the path or the closing quote follows it; a path of its
     // first byte alone stays.
-    let mut many = Dict::default();
-    let names: Vec<String> = (0..400).map(|i| format!("n{i:03}")).collect();
-    many.add_names(&names);
-    let (name, token) = names
-        .iter()
-        .find_map(|n| {
-            let t = many.token(n)?.as_str().to_owned();
-            (t.len() == 2 && t.ends_with('"')).then_some((n.clone(), t))
-        })
-        .expect("a two-byte token that ends in a quote");
+    let (many, name, token) = quote_ending_token();
     let expand = |t: &str| expand::expand_text(t, &many);
     assert_eq!(
         expand(&format!("{{ $concat: [ \"${token}.y\" ] }}")),
