@@ -346,12 +346,17 @@ async fn sessions_spread_over_the_mongos_hosts_that_answer() {
                 .unwrap();
         }
     };
-    for i in 0..12 {
+    // Sessions go to the hosts in turn, but each driver client opens about
+    // three (its monitors' and its pool's, in the order their timing
+    // falls), so which host takes a client's insert is about a coin's
+    // toss: 30 of them put fewer than 6 on one host once in some thousands
+    // of runs, where 12 of them put fewer than 3 on one once in some tens.
+    for i in 0..30 {
         insert_as_new_client(i).await;
     }
     let (a, down, b) = (hosts[0].writes(), hosts[1].writes(), hosts[2].writes());
     assert_eq!(down, 0);
-    assert!(a >= 3 && b >= 3, "spread {a} / {b}");
+    assert!(a >= 6 && b >= 6, "spread {a} / {b}");
     // The host that was down comes back: it takes sessions again, once a
     // heartbeat (every 0.5 s; later on a loaded machine) has seen it.
     hosts[1].set(MONGOS);
