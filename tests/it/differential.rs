@@ -199,25 +199,30 @@ async fn a_path_through_a_field_named_with_a_control_character_reads_as_on_the_t
     );
 }
 
-/// Runs `tests/py/random_differential.py` through `proxy` for `seeds`, and
-/// checks that every run ended with no mismatch and the same documents on
-/// both sides.
+/// Runs `tests/py/random_differential.py` through `proxies` (one, or two
+/// of one policy and name store, which take the operations in turns drawn
+/// apart) for `seeds`, and checks that every run ended with no mismatch and
+/// the same documents on both sides.
 async fn random_operations(
-    proxy: &laconic::downstream::ProxyHandle,
+    proxies: &[&laconic::downstream::ProxyHandle],
     prefix: &str,
-    seeds: [u32; 3],
+    seeds: &[u32],
 ) {
-    let via = format!("mongodb://{}/?retryWrites=false", proxy.addr);
+    let via: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("mongodb://{}/?retryWrites=false", p.addr))
+        .collect();
     let direct = format!(
         "mongodb://{}/?directConnection=true&retryWrites=false",
         common::upstream().host
     );
-    for seed in seeds {
+    for &seed in seeds {
         let mut command = Command::new(common::venv_python());
         command
             .arg(common::root().join("tests/py/random_differential.py"))
-            .args([&via, &direct, &format!("{prefix}{seed}")])
-            .args([seed.to_string(), "300".to_owned(), "wide".to_owned()]);
+            .args([&via[0], &direct, &format!("{prefix}{seed}")])
+            .args([seed.to_string(), "300".to_owned(), "wide".to_owned()])
+            .args(&via[1..]);
         let out = common::run_ok(command).await;
         assert!(
             out.contains(&format!("seed {seed}: 300 ops, 0 mismatches"))
@@ -237,7 +242,7 @@ async fn random_operations_on_every_name_read_as_on_the_twin() {
     let mut config = common::proxy_config(&common::upstream().uri);
     config.tokenize.min_len = 1;
     let proxy = common::start(config).await;
-    random_operations(&proxy, "lt_rnd_all", [1, 2, 3]).await;
+    random_operations(&[&proxy], "lt_rnd_all", &[1, 2, 3]).await;
 }
 
 /// The same with names of 4 bytes and more, custom attributes, and value
@@ -254,5 +259,22 @@ async fn random_operations_with_value_paths_read_as_on_the_twin() {
         "location.city".into(),
     ];
     let proxy = common::start(config).await;
-    random_operations(&proxy, "lt_rnd_val", [4, 5, 6]).await;
+    random_operations(&[&proxy], "lt_rnd_val", &[4, 5, 6]).await;
+}
+
+/// Two proxies of one policy and name store, each operation through one of
+/// them: names one adds reach the other in its queries, updates and
+/// replies, short names left as they are meet tokens in the same
+/// documents, and the state after each write is read through the proxy
+/// that did not write it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_operations_through_two_proxies_read_as_on_the_twin() {
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    config.tokenize.custom_paths = vec!["items".into(), "nested.meta".into()];
+    config.tokenize.value_paths = vec!["city".into(), "level".into()];
+    config.tokenize.store_db = db_name("rnd_two", "store");
+    let first = common::start(config.clone()).await;
+    let second = common::start(config).await;
+    random_operations(&[&first, &second], "lt_rnd_two", &[7]).await;
 }

@@ -3,7 +3,7 @@ on an untokenized twin database: every reply (documents with their key
 order, counts, error codes and texts) and, after every write, the whole
 collection must be the same on both sides.
 
-usage: random_differential.py PROXY_URI DIRECT_URI DB_PREFIX SEED OPS [wide]
+usage: random_differential.py PROXY_URI DIRECT_URI DB_PREFIX SEED OPS [wide [SECOND_PROXY_URI]]
 
 The operations are drawn from SEED: inserts of nested documents whose
 names include long ones, short ones, non-ASCII ones and ones beginning
@@ -25,6 +25,11 @@ documented, not defects, and are counted apart: the order of fields one
 update creates, and the order of a sort by sub-documents, where a tokenized
 name meets one left as it is (README, "The token format"); and an error
 text naming a tokenized value's type, binData where the twin says string.
+With a second proxy (of the same policy and name store), each operation
+goes through one of the two, drawn apart from the operations (a seed draws
+the same operations either way): names one proxy adds are met by the other
+in queries, updates and replies, and the final state is read through both.
+
 Prints one summary line: "seed S: N ops, M mismatches, ...".
 """
 
@@ -39,13 +44,21 @@ from bson.codec_options import CodecOptions
 
 proxy_uri, direct_uri, prefix, seed, n = sys.argv[1:6]
 WIDE = sys.argv[6:7] == ["wide"]
+second_uri = sys.argv[7] if WIDE and len(sys.argv) > 7 else None
 seed, n = int(seed), int(n)
 R = random.Random(seed)
+# Which proxy serves each operation: drawn apart, so that the operations
+# are the same as with one proxy.
+WHICH = random.Random(-seed)
 OPTS = CodecOptions(document_class=SON)
 P = pymongo.MongoClient(proxy_uri)
 D = pymongo.MongoClient(direct_uri)
 pdb = P.get_database(f"{prefix}_proxy", codec_options=OPTS)
 ddb = D.get_database(f"{prefix}_direct", codec_options=OPTS)
+# The proxies' databases: the first, and the second if there is one.
+pdbs = [pdb]
+if second_uri:
+    pdbs.append(pymongo.MongoClient(second_uri).get_database(pdb.name, codec_options=OPTS))
 P.drop_database(pdb.name)
 D.drop_database(ddb.name)
 
@@ -537,7 +550,10 @@ mismatches = order_only = value_type = 0
 refused = {}
 for i in range(n):
     op, args = draw(i)
-    a = run(pdb, op, args)
+    k = WHICH.randrange(len(pdbs))
+    # The state after a write is read through the other proxy, if any.
+    via, reader = pdbs[k], pdbs[(k + 1) % len(pdbs)]
+    a = run(via, op, args)
     b = run(ddb, op, args)
     if isinstance(a, tuple) and a[0] == "error" and a[2].startswith("laconic:") and a != b:
         refused[a[2][:50]] = refused.get(a[2][:50], 0) + 1
@@ -566,7 +582,7 @@ for i in range(n):
         resync()
         continue
     if op not in READS:
-        sa, sb = state(pdb), state(ddb)
+        sa, sb = state(reader), state(ddb)
         if sa != sb:
             if sorted(map(canon, sa)) == sorted(map(canon, sb)):
                 order_only += 1
@@ -582,7 +598,7 @@ for i in range(n):
                         print("  direct:", shown(x))
                         break
             resync()
-same = state(pdb) == state(ddb)
+same = all(state(db) == state(ddb) for db in pdbs)
 print(f"seed {seed}: {n} ops, {mismatches} mismatches, {order_only} order only, {value_type} value type, "
       f"{sum(refused.values())} refused, final state {'same' if same else 'DIFFERENT'}")
 if refused:
