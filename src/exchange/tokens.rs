@@ -222,8 +222,10 @@ pub(super) async fn expand(
         Err(ProxyError::Dictionary(Integrity::UnknownTokens { scope, .. })) => {
             if let Some(t) = &ctx.rewrite.tokens {
                 t.store.refresh(&scope).await?;
-                if !t.store.exists(&scope) && t.store.has_documents(&scope).await? {
-                    return Err(Integrity::Missing { scope }.into());
+                if !t.store.exists(&scope) {
+                    if let Some(found) = t.store.holding_documents(&scope).await? {
+                        return Err(Integrity::Missing { scope, found }.into());
+                    }
                 }
             }
             rewrite_reply(ctx, reply, plan, legs).await

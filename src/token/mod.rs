@@ -25,8 +25,10 @@ pub struct Tokens {
 pub enum Integrity {
     /// No dictionary, while the database holds documents that may be
     /// tokenized: a new one could give their tokens to other names.
-    #[error("the database {scope} holds documents but no dictionary: if they were written through Laconic, their dictionary is lost (restore it with `laconic store import`, or restore the database with its __laconic collection); if they predate Laconic, adopt them with `laconic store init {scope}` or `laconic migrate`")]
-    Missing { scope: String },
+    /// `found`: the database that holds them, `scope` itself or another
+    /// database sharing its dictionary.
+    #[error("{}", missing(.scope, .found))]
+    Missing { scope: String, found: String },
     /// The dictionary this proxy read is gone, and documents remain.
     #[error("the dictionary of {scope} (identity {epoch}) is gone while the database still holds documents written with it: restore it with `laconic store import`, or restore the database with its __laconic collection; reads and writes of {scope} are refused until then")]
     Lost { scope: String, epoch: Epoch },
@@ -59,10 +61,27 @@ pub enum Integrity {
     Refilled { scope: String },
 }
 
+/// [`Integrity::Missing`]'s text: the database that holds documents, and
+/// the dictionary they would be read with.
+fn missing(scope: &str, found: &str) -> String {
+    let (whose, restore) = if found == scope {
+        (
+            format!("the database {scope} holds documents but no dictionary"),
+            "the database".to_owned(),
+        )
+    } else {
+        (
+            format!("the database {found} holds documents but the dictionary it shares with the databases of its group, kept in {scope}, does not exist"),
+            scope.to_owned(),
+        )
+    };
+    format!("{whose}: if they were written through Laconic, their dictionary is lost (restore it with `laconic store import`, or restore {restore} with its __laconic collection); if they predate Laconic, adopt them with `laconic store init {scope}` or `laconic migrate`")
+}
+
 impl Integrity {
     pub fn scope(&self) -> &str {
         match self {
-            Integrity::Missing { scope }
+            Integrity::Missing { scope, .. }
             | Integrity::Lost { scope, .. }
             | Integrity::Rewound { scope, .. }
             | Integrity::Edited { scope, .. }

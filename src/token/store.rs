@@ -571,7 +571,7 @@ impl NameStore {
                 // Another request of this proxy settled it meanwhile.
                 continue;
             }
-            let spoiled = self.has_documents(scope).await?;
+            let spoiled = self.holding_documents(scope).await?.is_some();
             let (update, verdict) = if spoiled {
                 (doc! {"$set": {SETTLING: SPOILED}}, "refused")
             } else {
@@ -819,9 +819,10 @@ impl NameStore {
             .map_err(|e| StoreError::from_driver("ping", e))
     }
 
-    /// Whether any tokenized collection of `db` holds a document (one that a
-    /// new dictionary could mislabel).
-    pub async fn has_documents(&self, db: &str) -> Result<bool, StoreError> {
+    /// The first database read with `db`'s dictionary (`db`, or a member of
+    /// its group) in which a tokenized collection holds a document: one a
+    /// new dictionary could mislabel.
+    pub async fn holding_documents(&self, db: &str) -> Result<Option<String>, StoreError> {
         let scope = self.inner.policies.scope_of(db);
         let members: Vec<String> = match self.inner.policies.group(scope) {
             Some(g) if g.is_everything() => self
@@ -836,12 +837,12 @@ impl NameStore {
             Some(g) => g.databases.iter().chain([&g.home]).cloned().collect(),
             None => vec![db.to_owned()],
         };
-        for member in &members {
-            if self.db_has_documents(member).await? {
-                return Ok(true);
+        for member in members {
+            if self.db_has_documents(&member).await? {
+                return Ok(Some(member));
             }
         }
-        Ok(false)
+        Ok(None)
     }
 
     async fn db_has_documents(&self, db: &str) -> Result<bool, StoreError> {
@@ -964,7 +965,7 @@ impl NameStore {
             None if chain.is_empty() => match known {
                 Some(epoch) => {
                     trips += 1;
-                    if self.has_documents(scope).await? {
+                    if self.holding_documents(scope).await?.is_some() {
                         failed(Integrity::Lost {
                             scope: scope.to_owned(),
                             epoch,
@@ -1121,7 +1122,7 @@ impl NameStore {
             return Ok(RoundTrips(trips));
         }
         trips += 1;
-        if self.has_documents(scope).await? {
+        if self.holding_documents(scope).await?.is_some() {
             return Ok(RoundTrips(trips));
         }
         self.init(scope, "created").await?;
@@ -1134,7 +1135,7 @@ impl NameStore {
     /// Makes `scope`'s dictionary, unless the database already holds
     /// documents (which a new dictionary could mislabel).
     async fn create(&self, scope: &str) -> Result<RoundTrips, StoreError> {
-        if self.has_documents(scope).await? {
+        if let Some(found) = self.holding_documents(scope).await? {
             if let Some(legacy) = &self.inner.legacy {
                 if let Ok(Some(_)) = legacy.find_one(doc! {"scope": scope}).await {
                     return Err(Integrity::Format {
@@ -1146,6 +1147,7 @@ impl NameStore {
             }
             let e = Integrity::Missing {
                 scope: scope.to_owned(),
+                found,
             };
             self.settle(
                 scope,

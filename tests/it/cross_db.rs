@@ -351,3 +351,56 @@ async fn a_cluster_wide_stream_expands_each_event_with_its_database_dictionary()
         assert!(stored.iter().all(|d| !d.contains_key("playerDisplayName")));
     }
 }
+
+/// A group whose dictionary does not exist yet, while one of its members
+/// already holds documents (written straight to the server): a write to
+/// another member is refused, and the error names the member that holds
+/// them and where the group's dictionary is kept, not a home that holds
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_refused_a_dictionary_names_the_member_that_holds_documents() {
+    let (home, a, b) = (
+        db_name("xmiss", "home"),
+        db_name("xmiss_a", "proxy"),
+        db_name("xmiss_b", "proxy"),
+    );
+    let direct = common::direct().await;
+    for db in [&home, &a, &b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    direct
+        .database(&b)
+        .collection::<Document>("legacy")
+        .insert_one(doc! {"customerName": "Ann"})
+        .await
+        .unwrap();
+    let proxy = proxy_with(vec![DictionaryGroup {
+        home: Some(home.clone()),
+        databases: vec![a.clone(), b.clone()],
+    }])
+    .await;
+    let client = common::via_proxy(&proxy).await;
+    let err = client
+        .database(&a)
+        .collection::<Document>("c")
+        .insert_one(doc! {"customerName": "Bob"})
+        .await
+        .unwrap_err();
+    let e = common::command_error(err);
+    assert_eq!(
+        (e.code, e.code_name.as_str()),
+        (301, "DataCorruptionDetected")
+    );
+    assert!(
+        e.message.starts_with(&format!(
+            "laconic: the database {b} holds documents but the dictionary it shares with the databases of its group, kept in {home}, does not exist: "
+        )) && e.message.contains(&format!("`laconic store init {home}`")),
+        "{}",
+        e.message
+    );
+    // Nothing was written, and no dictionary made.
+    for db in [&home, &a] {
+        let names = direct.database(db).list_collection_names().await.unwrap();
+        assert!(names.is_empty(), "{db}: {names:?}");
+    }
+}
