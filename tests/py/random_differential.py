@@ -3,7 +3,7 @@ on an untokenized twin database: every reply (documents with their key
 order, counts, error codes and texts) and, after every write, the whole
 collection must be the same on both sides.
 
-usage: random_differential.py PROXY_URI DIRECT_URI DB_PREFIX SEED OPS [wide [SECOND_PROXY_URI]]
+usage: random_differential.py PROXY_URI DIRECT_URI DB_PREFIX SEED OPS [wide] [cross] [SECOND_PROXY_URI]
 
 The operations are drawn from SEED: inserts of nested documents whose
 names include long ones, short ones, non-ASCII ones and ones beginning
@@ -25,6 +25,9 @@ documented, not defects, and are counted apart: the order of fields one
 update creates, and the order of a sort by sub-documents, where a tokenized
 name meets one left as it is (README, "The token format"); and an error
 text naming a tokenized value's type, binData where the twin says string.
+With `cross`, `$out` and `$merge` also write into a collection of another
+database (its own dictionary), compared after each.
+
 With a second proxy (of the same policy and name store), each operation
 goes through one of the two, drawn apart from the operations (a seed draws
 the same operations either way): names one proxy adds are met by the other
@@ -43,8 +46,10 @@ from bson import SON
 from bson.codec_options import CodecOptions
 
 proxy_uri, direct_uri, prefix, seed, n = sys.argv[1:6]
-WIDE = sys.argv[6:7] == ["wide"]
-second_uri = sys.argv[7] if WIDE and len(sys.argv) > 7 else None
+FLAGS = sys.argv[6:]
+WIDE = "wide" in FLAGS
+CROSS = "cross" in FLAGS
+second_uri = next((f for f in FLAGS if f.startswith("mongodb://")), None)
 seed, n = int(seed), int(n)
 R = random.Random(seed)
 # Which proxy serves each operation: drawn apart, so that the operations
@@ -59,8 +64,24 @@ ddb = D.get_database(f"{prefix}_direct", codec_options=OPTS)
 pdbs = [pdb]
 if second_uri:
     pdbs.append(pymongo.MongoClient(second_uri).get_database(pdb.name, codec_options=OPTS))
-P.drop_database(pdb.name)
-D.drop_database(ddb.name)
+
+
+def other(db):
+    """The other database of a side: where `cross` pipelines write."""
+    return db.client.get_database(db.name + "_o", codec_options=OPTS)
+
+
+OTHER = "<other>"  # the other database's name in a drawn pipeline
+
+
+def named(stage, name):
+    """A drawn stage writing into the other database, given its name."""
+    if isinstance(stage, dict):
+        return {k: named(v, name) for k, v in stage.items()}
+    return name if stage == OTHER else stage
+for db in (pdb, ddb):
+    db.client.drop_database(db.name)
+    db.client.drop_database(other(db).name)
 
 NAMES = ["firstName", "lastName", "emailAddress", "purchaseHistory", "productCategory",
          "amountSpent", "address", "location", "city", "zip", "tags", "custom", "a", "b", "x",
@@ -388,10 +409,14 @@ def run(db, op, args):
             db.o.insert_many(args)
             return "ok"
         if op == "aggout":
+            target = db
+            if OTHER in repr(args[-1]):
+                target = other(db)
+                args = args[:-1] + [named(args[-1], target.name)]
             list(coll.aggregate(args))
             # The _ids the server gives to documents without one differ.
             return sorted(bson.encode(SON((k, "OID" if isinstance(v, bson.ObjectId) else v)
-                                          for k, v in d.items())) for d in db.m.find())
+                                          for k, v in d.items())) for d in target.m.find())
         if op == "replace":
             f, d = args
             r = coll.replace_one(f, d)
@@ -440,17 +465,17 @@ def resync():
     its own documents so, both collections are dropped, indexes and all, and
     filled again. The proxy's side is filled last: a refusal there of what
     the twin took stops the run."""
-    for name in ("c", "o", "m"):
-        docs = list(ddb[name].find().sort("_id", 1))
+    for p, d in [(pdb.c, ddb.c), (pdb.o, ddb.o), (pdb.m, ddb.m), (other(pdb).m, other(ddb).m)]:
+        docs = list(d.find().sort("_id", 1))
         try:
-            refill(ddb[name], docs)
+            refill(d, docs)
         except pymongo.errors.OperationFailure as e:
-            print(f"resync: {name} dropped on both sides, the upstream refused "
+            print(f"resync: {d.full_name} dropped on both sides, the upstream refused "
                   f"the twin's own documents ({str(e)[:80]})")
-            for db in (pdb, ddb):
-                db[name].drop()
-            refill(ddb[name], docs)
-        refill(pdb[name], docs)
+            p.drop()
+            d.drop()
+            refill(d, docs)
+        refill(p, docs)
 
 
 def refill(coll, docs):
@@ -480,7 +505,12 @@ def draw(i):
     global next_id
     k = R.randrange(20 if WIDE else 17)
     if k == 17:
-        last = R.choice([{"$out": "m"}, {"$merge": {"into": "m", "on": "_id", "whenMatched": "replace"}}])
+        targets = [{"$out": "m"}, {"$merge": {"into": "m", "on": "_id", "whenMatched": "replace"}}]
+        if CROSS:
+            targets += [{"$out": {"db": OTHER, "coll": "m"}},
+                        {"$merge": {"into": {"db": OTHER, "coll": "m"}, "on": "_id",
+                                    "whenMatched": R.choice(["replace", "merge", "keepExisting"])}}]
+        last = R.choice(targets)
         return "aggout", pipeline()[:1] + [last]
     if k == 18:
         return "replace", (filt(), document())
