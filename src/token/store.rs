@@ -825,6 +825,9 @@ impl NameStore {
     pub async fn holding_documents(&self, db: &str) -> Result<Option<String>, StoreError> {
         let scope = self.inner.policies.scope_of(db);
         let members: Vec<String> = match self.inner.policies.group(scope) {
+            // Every tokenized database: one the policies leave as it is
+            // (the name store's, `admin`, a database whose setting turns
+            // tokenization off) is never read with the dictionary.
             Some(g) if g.is_everything() => self
                 .inner
                 .client
@@ -832,7 +835,7 @@ impl NameStore {
                 .await
                 .map_err(|e| StoreError::from_driver("listDatabases", e))?
                 .into_iter()
-                .filter(|d| !matches!(d.as_str(), "admin" | "local" | "config"))
+                .filter(|d| *d == g.home || self.inner.policies.applies_to(d))
                 .collect(),
             Some(g) => g.databases.iter().chain([&g.home]).cloned().collect(),
             None => vec![db.to_owned()],
@@ -862,10 +865,16 @@ impl NameStore {
             .filter(doc! {"type": "collection"})
             .await
             .map_err(|e| StoreError::from_driver("listCollections", e))?;
+        // The record of dictionaries, where the name store's database is a
+        // group's home, is the proxy's own.
+        let records = self.inner.records.as_ref().map(Collection::namespace);
         for name in names {
             let tokenized =
                 self.inner.policies.get(db, &name).is_active() || !self.inner.policies.is_active();
-            if name.starts_with(COLLECTION) || name.starts_with("system.") || !tokenized {
+            let own = records
+                .as_ref()
+                .is_some_and(|r| r.db == db && r.coll == name);
+            if name.starts_with(COLLECTION) || name.starts_with("system.") || !tokenized || own {
                 continue;
             }
             let one = database

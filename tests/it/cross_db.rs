@@ -404,3 +404,58 @@ async fn a_group_refused_a_dictionary_names_the_member_that_holds_documents() {
         assert!(names.is_empty(), "{db}: {names:?}");
     }
 }
+
+/// The name store's database can be a group's home (as it is by default
+/// for `databases = ["*"]`): its record of the dictionaries other
+/// databases have had is the proxy's own, not documents a new dictionary
+/// could mislabel, and does not stop the group's dictionary being made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_records_do_not_count_as_documents_of_a_home() {
+    let (store, own, a) = (
+        db_name("xrec", "store"),
+        db_name("xrec_own", "proxy"),
+        db_name("xrec_a", "proxy"),
+    );
+    let direct = common::direct().await;
+    for db in [&store, &own, &a] {
+        direct.database(db).drop().await.unwrap();
+    }
+    // A database with a dictionary of its own: the store records it.
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.min_len = 4;
+    config.tokenize.store_db = store.clone();
+    let alone = common::start(config.clone()).await;
+    common::via_proxy(&alone)
+        .await
+        .database(&own)
+        .collection::<Document>("c")
+        .insert_one(doc! {"customerName": "Ann"})
+        .await
+        .unwrap();
+    let records = direct
+        .database(&store)
+        .collection::<Document>("dictionaries")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert!(records >= 1, "no record of {own}'s dictionary in {store}");
+    // A group kept in the store's database.
+    config.tokenize.dictionaries = vec![DictionaryGroup {
+        home: Some(store.clone()),
+        databases: vec![a.clone()],
+    }];
+    let grouped = common::start(config).await;
+    let c = common::via_proxy(&grouped)
+        .await
+        .database(&a)
+        .collection::<Document>("c");
+    c.insert_one(doc! {"_id": 1, "customerName": "Bob"})
+        .await
+        .unwrap();
+    assert_eq!(
+        c.find_one(doc! {}).await.unwrap(),
+        Some(doc! {"_id": 1, "customerName": "Bob"})
+    );
+    let stored = common::stored(&a, "c").await;
+    assert!(!stored[0].contains_key("customerName"), "{:?}", stored[0]);
+}
