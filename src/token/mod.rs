@@ -30,8 +30,14 @@ pub enum Integrity {
     #[error("{}", missing(.scope, .found))]
     Missing { scope: String, found: String },
     /// The dictionary this proxy read is gone, and documents remain.
-    #[error("the dictionary of {scope} (identity {epoch}) is gone while the database still holds documents written with it: restore it with `laconic store import`, or restore the database with its __laconic collection; reads and writes of {scope} are refused until then")]
-    Lost { scope: String, epoch: Epoch },
+    /// `found`: the database whose documents were written with it, `scope`
+    /// itself or another database sharing its dictionary.
+    #[error("{}", lost(.scope, .epoch, .found))]
+    Lost {
+        scope: String,
+        epoch: Epoch,
+        found: String,
+    },
     /// The dictionary lost names this proxy knows (a restore of an older
     /// copy, or entries removed by hand).
     #[error("the dictionary of {scope} went back in time: {what}; was an older copy restored? Import the newest export (`laconic store import`); reads and writes of {scope} are refused until then")]
@@ -76,6 +82,15 @@ fn missing(scope: &str, found: &str) -> String {
         )
     };
     format!("{whose}: if they were written through Laconic, their dictionary is lost (restore it with `laconic store import`, or restore {restore} with its __laconic collection); if they predate Laconic, adopt them with `laconic store init {scope}` or `laconic migrate`")
+}
+
+/// [`Integrity::Lost`]'s text.
+fn lost(scope: &str, epoch: &Epoch, found: &str) -> String {
+    if found == scope {
+        format!("the dictionary of {scope} (identity {epoch}) is gone while the database still holds documents written with it: restore it with `laconic store import`, or restore the database with its __laconic collection; reads and writes of {scope} are refused until then")
+    } else {
+        format!("the dictionary of {scope} (identity {epoch}), which {found} shares with the databases of its group, is gone while {found} still holds documents written with it: restore it with `laconic store import`, or restore {scope} with its __laconic collection; reads and writes of the group's databases are refused until then")
+    }
 }
 
 impl Integrity {

@@ -666,6 +666,7 @@ impl NameStore {
             (Some(epoch), State::Absent) => Some(Integrity::Lost {
                 scope: scope.to_owned(),
                 epoch,
+                found: db.to_owned(),
             }),
             _ => None,
         };
@@ -974,10 +975,11 @@ impl NameStore {
             None if chain.is_empty() => match known {
                 Some(epoch) => {
                     trips += 1;
-                    if self.holding_documents(scope).await?.is_some() {
+                    if let Some(found) = self.holding_documents(scope).await? {
                         failed(Integrity::Lost {
                             scope: scope.to_owned(),
                             epoch,
+                            found,
                         })
                     } else {
                         // The documents went with it: nothing can be

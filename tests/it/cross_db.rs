@@ -459,3 +459,51 @@ async fn the_store_records_do_not_count_as_documents_of_a_home() {
     let stored = common::stored(&a, "c").await;
     assert!(!stored[0].contains_key("customerName"), "{:?}", stored[0]);
 }
+
+/// A group's dictionary dropped with its home while a member holds
+/// documents written with it: reads of the member are refused, and the
+/// error names the member that holds them and the home to restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_home_was_dropped_names_the_member_left_unreadable() {
+    let (home, a, b) = (
+        db_name("xlost", "home"),
+        db_name("xlost_a", "proxy"),
+        db_name("xlost_b", "proxy"),
+    );
+    let direct = common::direct().await;
+    for db in [&home, &a, &b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    let groups = vec![DictionaryGroup {
+        home: Some(home.clone()),
+        databases: vec![a.clone(), b.clone()],
+    }];
+    let writer = proxy_with(groups.clone()).await;
+    common::via_proxy(&writer)
+        .await
+        .database(&a)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1, "customerName": "Ann"})
+        .await
+        .unwrap();
+    direct.database(&home).drop().await.unwrap();
+    let fresh = proxy_with(groups).await;
+    let err = common::via_proxy(&fresh)
+        .await
+        .database(&a)
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap_err();
+    let e = common::command_error(err);
+    assert_eq!(e.code, 301, "{}", e.message);
+    assert!(
+        e.message.starts_with(&format!("laconic: the dictionary of {home} (identity "))
+            && e.message.contains(&format!(
+                "which {a} shares with the databases of its group, is gone while {a} still holds documents written with it"
+            ))
+            && e.message.contains(&format!("or restore {home} with its __laconic collection")),
+        "{}",
+        e.message
+    );
+}
