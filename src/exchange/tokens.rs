@@ -108,7 +108,8 @@ pub(super) fn stale(dbs: &[String]) -> ProxyError {
 }
 
 /// Before a command that stores documents is forwarded: a tokenized database
-/// it writes that has no dictionary yet gets one, tokens needed or not
+/// it writes that has no dictionary yet gets one, tokens needed or not, and
+/// a group's member a mark naming the group's dictionary
 /// ([`crate::token::store::NameStore::claim`]).
 pub(super) async fn claim(
     ctx: &ProxyContext,
@@ -121,7 +122,7 @@ pub(super) async fn claim(
     let stores =
         || catalogue::lookup(command).is_some_and(|e| e.stores != catalogue::Stores::Nothing);
     for db in dbs {
-        if !t.store.exists(db) && stores() {
+        if (!t.store.exists(db) || t.store.unmarked(db)) && stores() {
             let trips = t.store.claim(db).await?.0;
             ctx.metrics.store_round_trips(trips);
         }

@@ -215,6 +215,8 @@ fn clock_ms(at: Instant) -> u64 {
 struct Member {
     refused: Option<Integrity>,
     read: ReadBegan,
+    /// Its mark as last read or raised by this proxy.
+    mark: Option<Mark>,
 }
 
 type Hasher = foldhash::quality::RandomState;
@@ -651,11 +653,11 @@ impl NameStore {
         })
         .await?;
         self.note_migrations(db, &docs);
-        let recorded = docs
+        let mark = docs
             .iter()
             .find(|d| d.get_str("_id") == Ok("__mark"))
-            .and_then(parse_mark)
-            .map(|m| m.epoch);
+            .and_then(parse_mark);
+        let recorded = mark.map(|m| m.epoch);
         let verdict = match (recorded, &*self.scope(scope).state.read()) {
             (Some(expected), State::Ready(d)) if d.epoch != expected => Some(Integrity::Mismatch {
                 db: db.to_owned(),
@@ -673,6 +675,7 @@ impl NameStore {
         let member = Member {
             refused: verdict,
             read: ReadBegan::at(began),
+            mark,
         };
         self.inner.members.insert(db.to_owned(), member);
         Ok(1)
@@ -1023,20 +1026,12 @@ impl NameStore {
     /// that lags only ever finds less; it only rises, so raises may land in
     /// any order).
     fn raise_mark(&self, scope: &str) {
-        self.raise_mark_in(scope, scope);
-    }
-
-    /// Raises the mark kept in `db` to what `scope`'s dictionary holds.
-    fn raise_mark_in(&self, db: &str, scope: &str) {
         let Ok(d) = self.ready(scope) else { return };
-        let marks = self.db(db).collection::<Document>(MARK_COLLECTION);
+        let marks = self.coll_of_marks(scope);
         let scope = scope.to_owned();
         tokio::spawn(async move {
             let r = marks
-                .update_one(
-                    doc! {"_id": "mark", "epoch": d.epoch.to_bson()},
-                    doc! {"$max": {"names": d.len() as i64, "values": d.value_count() as i64}},
-                )
+                .update_one(mark_filter(&d), mark_raise(&d))
                 .upsert(true)
                 .await;
             if let Err(e) = r.map_err(|e| StoreError::from_driver("update", e)) {
@@ -1046,6 +1041,52 @@ impl NameStore {
                 }
             }
         });
+    }
+
+    fn coll_of_marks(&self, db: &str) -> Collection<Document> {
+        self.db(db).collection(MARK_COLLECTION)
+    }
+
+    /// Raises the mark kept in `db`, a member of `scope`'s group, to what
+    /// the group's dictionary holds, before documents written with it are
+    /// sent: restored beside another dictionary, the member is then
+    /// refused, not misread. Nothing to do for a database with a
+    /// dictionary of its own (its mark is raised with it), or one whose
+    /// mark covers the dictionary already. A mark of another identity
+    /// refuses the write (`mismatch`).
+    async fn mark_member(&self, db: &str, scope: &str) -> Result<RoundTrips, StoreError> {
+        if scope == db {
+            return Ok(RoundTrips(0));
+        }
+        let d = self.ready(scope)?;
+        if self.member_marked(db, &d) {
+            return Ok(RoundTrips(0));
+        }
+        let raised = self
+            .coll_of_marks(db)
+            .update_one(mark_filter(&d), mark_raise(&d))
+            .upsert(true)
+            .await
+            .map_err(|e| StoreError::from_driver("update", e));
+        match raised {
+            Ok(_) => {
+                if let Some(mut m) = self.inner.members.get_mut(db) {
+                    m.mark = Some(Mark {
+                        epoch: d.epoch,
+                        names: d.len(),
+                        values: d.value_count(),
+                    });
+                }
+                Ok(RoundTrips(1))
+            }
+            Err(e) if e.is_duplicate_key() => {
+                // Its mark names another dictionary: read it, and refuse.
+                self.read_member(db, scope).await?;
+                self.dictionary(db)?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Applies a state read, logging each change of kind once.
@@ -1112,10 +1153,7 @@ impl NameStore {
         }
         trips += self.add_names(scope, names).await?.0;
         trips += self.add_values(scope, values).await?.0;
-        if scope != db {
-            // The member's documents will hold the group's tokens.
-            self.raise_mark_in(db, scope);
-        }
+        trips += self.mark_member(db, scope).await?.0;
         Ok(RoundTrips(trips))
     }
 
@@ -1124,23 +1162,48 @@ impl NameStore {
     /// written without one would later read as predating Laconic, and the
     /// first name that needs a token would be refused. A database that
     /// already holds documents is left as it is (allocation refuses it).
+    /// A member of a group is marked with the group's dictionary first
+    /// ([`NameStore::unmarked`]).
     pub async fn claim(&self, db: &str) -> Result<RoundTrips, StoreError> {
         let scope = self.inner.policies.scope_of(db);
         let cell = self.scope(scope);
         let _one = cell.alloc.lock().await;
         let mut trips = self.ensure_loaded(db).await?.0;
-        if self.exists(scope) {
-            return Ok(RoundTrips(trips));
+        if !self.exists(scope) {
+            trips += 1;
+            if self.holding_documents(scope).await?.is_some() {
+                return Ok(RoundTrips(trips));
+            }
+            self.init(scope, "created").await?;
+            trips += 3;
         }
-        trips += 1;
-        if self.holding_documents(scope).await?.is_some() {
-            return Ok(RoundTrips(trips));
+        Ok(RoundTrips(trips + self.mark_member(db, scope).await?.0))
+    }
+
+    /// Whether `db` shares a group's dictionary that its mark, as this
+    /// proxy last read or raised it, does not cover (another identity, or
+    /// fewer names or values than the dictionary holds now): its next write
+    /// raises the mark first ([`NameStore::claim`]), so that its documents
+    /// never hold tokens its mark does not account for.
+    pub fn unmarked(&self, db: &str) -> bool {
+        let scope = self.inner.policies.scope_of(db);
+        if scope == db {
+            return false;
         }
-        self.init(scope, "created").await?;
-        if scope != db {
-            self.raise_mark_in(db, scope);
-        }
-        Ok(RoundTrips(trips + 3))
+        let Ok(d) = self.ready(scope) else {
+            return false;
+        };
+        !self.member_marked(db, &d)
+    }
+
+    fn member_marked(&self, db: &str, d: &Dictionary) -> bool {
+        self.inner
+            .members
+            .get(db)
+            .and_then(|m| m.mark)
+            .is_some_and(|m| {
+                m.epoch == d.epoch && m.names >= d.len() && m.values >= d.value_count()
+            })
     }
 
     /// Makes `scope`'s dictionary, unless the database already holds
@@ -1419,6 +1482,18 @@ struct Mark {
     epoch: Epoch,
     names: usize,
     values: usize,
+}
+
+/// The mark of dictionary `d`'s identity (an upsert of it fails as a
+/// duplicate where the mark names another).
+fn mark_filter(d: &Dictionary) -> Document {
+    doc! {"_id": "mark", "epoch": d.epoch.to_bson()}
+}
+
+/// The mark raised to what `d` holds: it only rises, so raises may land in
+/// any order.
+fn mark_raise(d: &Dictionary) -> Document {
+    doc! {"$max": {"names": d.len() as i64, "values": d.value_count() as i64}}
 }
 
 fn parse_mark(d: &Document) -> Option<Mark> {

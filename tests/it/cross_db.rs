@@ -4,7 +4,7 @@
 //! (`[[proxy.tokenize.dictionaries]]`), compared with an untokenized twin.
 
 use bson::{doc, Document};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use laconic::config::DictionaryGroup;
 use mongodb::options::{
     DeleteOneModel, InsertOneModel, UpdateManyModel, UpdateOneModel, WriteModel,
@@ -503,6 +503,110 @@ async fn a_group_whose_home_was_dropped_names_the_member_left_unreadable() {
                 "which {a} shares with the databases of its group, is gone while {a} still holds documents written with it"
             ))
             && e.message.contains(&format!("or restore {home} with its __laconic collection")),
+        "{}",
+        e.message
+    );
+}
+
+/// Every member a proxy writes to carries a mark naming the group's
+/// dictionary, even one whose documents need no new name: restored beside
+/// another dictionary, it is refused, not read with the wrong names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_another_dictionary() {
+    let (home, a, b) = (
+        db_name("xmark", "home"),
+        db_name("xmark_a", "proxy"),
+        db_name("xmark_b", "proxy"),
+    );
+    let direct = common::direct().await;
+    for db in [&home, &a, &b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    let groups = vec![DictionaryGroup {
+        home: Some(home.clone()),
+        databases: vec![a.clone(), b.clone()],
+    }];
+    let proxy = proxy_with(groups.clone()).await;
+    let client = common::via_proxy(&proxy).await;
+    // `a` brings the name; `b`'s document needs none.
+    for db in [&a, &b] {
+        client
+            .database(db)
+            .collection::<Document>("c")
+            .insert_one(doc! {"_id": 1, "customerName": "Ann"})
+            .await
+            .unwrap();
+    }
+    let marked = |db: String| {
+        let direct = direct.clone();
+        async move {
+            direct
+                .database(&db)
+                .collection::<Document>("__laconic_mark")
+                .count_documents(doc! {})
+                .await
+                .unwrap()
+                == 1
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(marked(a.clone()).await && marked(b.clone()).await) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a member is without its mark"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The group's dictionary is dropped and made anew, with another name
+    // first, while `b`'s documents are kept aside (as a restore would).
+    let kept = common::stored(&b, "c").await;
+    let marks: Vec<Document> = direct
+        .database(&b)
+        .collection::<Document>("__laconic_mark")
+        .find(doc! {})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    for db in [&home, &a, &b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    let fresh = proxy_with(groups).await;
+    let client = common::via_proxy(&fresh).await;
+    client
+        .database(&a)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 2, "anotherName": "Bob"})
+        .await
+        .unwrap();
+    let restored = direct.database(&b);
+    restored
+        .collection::<Document>("c")
+        .insert_many(kept)
+        .await
+        .unwrap();
+    restored
+        .collection::<Document>("__laconic_mark")
+        .insert_many(marks)
+        .await
+        .unwrap();
+    let err = client
+        .database(&b)
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap_err();
+    let e = common::command_error(err);
+    assert_eq!(e.code, 301, "{}", e.message);
+    // Refused for its mark, not read with the new dictionary (where its
+    // token now spells `anotherName`).
+    assert!(
+        e.message.starts_with(&format!(
+            "laconic: the database {b} was written with dictionary "
+        )) && e
+            .message
+            .contains("restore the databases of the group together"),
         "{}",
         e.message
     );
