@@ -46,6 +46,11 @@ pub struct StoreTarget {
     /// The deployment (the upstream, not the proxy), as a mongodb:// URI.
     #[arg(long, env = "LACONIC_UPSTREAM")]
     pub uri: String,
+    /// The proxies' configuration file: `verify` and `stats` read a
+    /// database of a group (`[[proxy.tokenize.dictionaries]]`) with the
+    /// group's dictionary.
+    #[arg(long, env = "LACONIC_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]

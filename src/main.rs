@@ -72,13 +72,21 @@ fn main() -> anyhow::Result<()> {
 async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
     use laconic::tools::store as tool;
     let client = |t: &StoreTarget| mongodb::Client::with_uri_str(t.uri.clone());
+    // The groups of the proxies' configuration, if given.
+    let policies = |t: &StoreTarget| -> anyhow::Result<laconic::token::Policies> {
+        Ok(load_config(t.config.clone(), |_| {})?
+            .proxy
+            .tokenize
+            .policies())
+    };
     match cmd {
         StoreCommand::Verify { target, namespace } => {
             let (db, coll) = match namespace.split_once('.') {
                 Some((d, c)) => (d.to_owned(), Some(c.to_owned())),
                 None => (namespace.clone(), None),
             };
-            let v = tool::verify(&client(&target).await?, &db, coll.as_deref()).await?;
+            let policies = policies(&target)?;
+            let v = tool::verify(&client(&target).await?, &policies, &db, coll.as_deref()).await?;
             println!(
                 "{namespace}: {} documents in {} collections, {:.0} documents/s; {} hold tokens the dictionary does not know ({} unknown tokens, {} keys that begin like a token, {} unknown values)",
                 v.documents,
@@ -120,7 +128,11 @@ async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
             println!("imported the dictionary of {db}: {n} chain documents");
         }
         StoreCommand::Stats { target, db } => {
-            print!("{}", tool::stats(&client(&target).await?, &db).await?);
+            let policies = policies(&target)?;
+            print!(
+                "{}",
+                tool::stats(&client(&target).await?, &policies, &db).await?
+            );
         }
         StoreCommand::Init {
             target,

@@ -11,6 +11,12 @@
 //!   byte) and unknown value tokens; it fails if it finds any.
 //! - `stats DB` and `init DB` (adopt a database whose documents predate
 //!   Laconic: it gets a dictionary although it holds documents).
+//!
+//! `verify` and `stats` read a database that shares a group's dictionary
+//! (`[[proxy.tokenize.dictionaries]]`, given with the proxies'
+//! configuration) with the group's dictionary, checked against the
+//! database's own mark; without the configuration, such a database (a mark,
+//! and no dictionary of its own) is refused, not checked against nothing.
 
 use std::time::Instant;
 
@@ -166,13 +172,16 @@ impl Verified {
     }
 }
 
-/// Checks `db`'s dictionary, then every document of `coll` (or of every
-/// collection) against it.
-pub async fn verify(client: &Client, db: &str, coll: Option<&str>) -> Result<Verified, ToolError> {
+/// Checks `db`'s dictionary (its group's, under `policies`), then every
+/// document of `coll` (or of every collection) against it.
+pub async fn verify(
+    client: &Client,
+    policies: &Policies,
+    db: &str,
+    coll: Option<&str>,
+) -> Result<Verified, ToolError> {
     let started = Instant::now();
-    let store = NameStore::new(client.clone(), 1000, Policies::default());
-    store.refresh(db).await?;
-    let dict = store.dictionary(db)?;
+    let dict = read_dictionary(client, policies, db).await?;
     let database = client.database(db);
     let names: Vec<String> = match coll {
         Some(c) => vec![c.to_owned()],
@@ -267,15 +276,48 @@ fn scan_value(v: RawBsonRef<'_>, names: &dyn Names, found: &mut Found, depth: us
     }
 }
 
-/// A dictionary's vital statistics, as lines of text.
-pub async fn stats(client: &Client, db: &str) -> Result<String, ToolError> {
-    let store = NameStore::new(client.clone(), 1000, Policies::default());
+/// The dictionary `db`'s documents are read with: its own, or its group's
+/// under `policies`, checked against `db`'s mark. A database with a mark
+/// but no dictionary, and no group under `policies`, is refused: it shares
+/// a dictionary kept elsewhere, which only the configuration names.
+async fn read_dictionary(
+    client: &Client,
+    policies: &Policies,
+    db: &str,
+) -> Result<std::sync::Arc<crate::token::Dictionary>, ToolError> {
+    let store = NameStore::new(client.clone(), 1000, policies.clone());
     store.refresh(db).await?;
-    let dict = store.dictionary(db)?;
-    let coll = database(client, db).collection::<Document>(COLLECTION);
-    let head = coll.find_one(doc! {"_id": HEAD_ID}).await?;
-    let Some(head) = head else {
-        return Ok(format!("{db}: no dictionary\n"));
+    let scope = policies.scope_of(db);
+    if scope == db && !store.exists(db) {
+        let mark = database(client, db)
+            .collection::<Document>(MARK_COLLECTION)
+            .find_one(doc! {"_id": "mark"})
+            .await?;
+        if let Some(epoch) = mark.and_then(|m| Epoch::from_bson(m.get("epoch"))) {
+            return Err(ToolError::Refused(format!(
+                "{db} has no dictionary of its own, and its mark names dictionary {epoch}: it shares the dictionary of a group, kept in another database; give the proxies' configuration (--config), whose [[proxy.tokenize.dictionaries]] name it"
+            )));
+        }
+    }
+    Ok(store.dictionary(db)?)
+}
+
+/// A dictionary's vital statistics, as lines of text: `db`'s own, or, for
+/// a member of a group under `policies`, its group's after a line of its
+/// own mark.
+pub async fn stats(client: &Client, policies: &Policies, db: &str) -> Result<String, ToolError> {
+    let dict = read_dictionary(client, policies, db).await?;
+    let home = policies.scope_of(db);
+    let mut out = String::new();
+    if home != db {
+        out = format!(
+            "{db}: shares the dictionary of {home}; its mark: {}\n",
+            mark_line(client, db).await?
+        );
+    }
+    let coll = database(client, home).collection::<Document>(COLLECTION);
+    let Some(head) = coll.find_one(doc! {"_id": HEAD_ID}).await? else {
+        return Ok(out + &format!("{home}: no dictionary\n"));
     };
     let token_bytes: usize = dict.entries().iter().map(|(_, t)| t.len()).sum();
     let name_bytes: usize = dict.entries().iter().map(|(n, _)| n.len()).sum();
@@ -286,34 +328,42 @@ pub async fn stats(client: &Client, db: &str) -> Result<String, ToolError> {
             bytes as f64 / dict.len().max(1) as f64
         }
     };
+    Ok(out
+        + &format!(
+            "{home}: dictionary {}, format {}, cap {}, origin {}, created {}\n\
+             names   {:>8}  in {} chain documents; mean name {:.1} B, mean token {:.2} B\n\
+             values  {:>8}  in {} chain documents\n\
+             mark    {}\n",
+            dict.epoch,
+            head.get_i32("format").unwrap_or(0),
+            dict.cap,
+            head.get_str("origin").unwrap_or("?"),
+            head.get_datetime("created").map_or("?".into(), |d| d
+                .try_to_rfc3339_string()
+                .unwrap_or_default()),
+            dict.len(),
+            dict.name_chain.lengths.len(),
+            mean(name_bytes),
+            mean(token_bytes),
+            dict.value_count(),
+            dict.value_chain.lengths.len(),
+            mark_line(client, home).await?,
+        ))
+}
+
+/// What the mark kept in `db` says.
+async fn mark_line(client: &Client, db: &str) -> Result<String, ToolError> {
     let mark = database(client, db)
         .collection::<Document>(MARK_COLLECTION)
         .find_one(doc! {"_id": "mark"})
         .await?;
-    Ok(format!(
-        "{db}: dictionary {}, format {}, cap {}, origin {}, created {}\n\
-         names   {:>8}  in {} chain documents; mean name {:.1} B, mean token {:.2} B\n\
-         values  {:>8}  in {} chain documents\n\
-         mark    {}\n",
-        dict.epoch,
-        head.get_i32("format").unwrap_or(0),
-        dict.cap,
-        head.get_str("origin").unwrap_or("?"),
-        head.get_datetime("created").map_or("?".into(), |d| d
-            .try_to_rfc3339_string()
-            .unwrap_or_default()),
-        dict.len(),
-        dict.name_chain.lengths.len(),
-        mean(name_bytes),
-        mean(token_bytes),
-        dict.value_count(),
-        dict.value_chain.lengths.len(),
-        mark.map_or("none".into(), |m| format!(
+    Ok(mark.map_or("none".into(), |m| {
+        format!(
             "{} names and {} values given out",
             m.get_i64("names").unwrap_or(0),
             m.get_i64("values").unwrap_or(0)
-        )),
-    ))
+        )
+    }))
 }
 
 /// Gives a database whose documents predate Laconic a dictionary. Refused
@@ -329,7 +379,7 @@ pub async fn init(client: &Client, db: &str, cap: usize, force: bool) -> Result<
         return Err(ToolError::Refused(format!("{db} already has a dictionary")));
     }
     if !force {
-        let v = verify(client, db, None).await?;
+        let v = verify(client, &Policies::default(), db, None).await?;
         if !v.ok() {
             return Err(ToolError::Refused(format!(
                 "{} documents of {db} hold keys that read as tokens ({}): if they were written through Laconic, restore their dictionary instead; if they predate it, rename those keys (or give --force)",

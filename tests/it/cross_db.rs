@@ -611,3 +611,67 @@ async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_an
         e.message
     );
 }
+
+/// `laconic store verify` and `stats` on a group's member: with the
+/// proxies' configuration, its documents are checked against the group's
+/// dictionary; without it, the member (a mark, no dictionary of its own) is
+/// refused, not reported as holding tokens no dictionary knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_tools_read_a_member_with_its_group_dictionary() {
+    let (home, a) = (db_name("xtool", "home"), db_name("xtool_a", "proxy"));
+    let direct = common::direct().await;
+    for db in [&home, &a] {
+        direct.database(db).drop().await.unwrap();
+    }
+    let proxy = proxy_with(vec![DictionaryGroup {
+        home: Some(home.clone()),
+        databases: vec![a.clone()],
+    }])
+    .await;
+    common::via_proxy(&proxy)
+        .await
+        .database(&a)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1, "customerName": "Ann"})
+        .await
+        .unwrap();
+    let config = common::temp_dir("xtool").join("laconic.toml");
+    std::fs::write(
+        &config,
+        format!("[[proxy.tokenize.dictionaries]]\ndatabases = [\"{a}\"]\nhome = \"{home}\"\n"),
+    )
+    .unwrap();
+    let tool = |args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
+        c.args(["store"])
+            .args(args)
+            .args(["--uri", &common::upstream().uri])
+            .env("RUST_BACKTRACE", "0");
+        c
+    };
+    let config = config.to_str().unwrap();
+    let out = common::run_ok(tool(&["verify", "--config", config, &a])).await;
+    assert!(
+        out.contains(&format!("{a}: 1 documents in 1 collections"))
+            && out.contains("; 0 hold tokens the dictionary does not know"),
+        "{out}"
+    );
+    let out = common::run_ok(tool(&["stats", "--config", config, &a])).await;
+    assert!(
+        out.starts_with(&format!(
+            "{a}: shares the dictionary of {home}; its mark: 1 names and 0 values given out\n{home}: dictionary "
+        )),
+        "{out}"
+    );
+    for command in ["verify", "stats"] {
+        let out = tool(&[command, &a]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "{a} has no dictionary of its own, and its mark names dictionary "
+            )) && stderr.contains("give the proxies' configuration (--config)"),
+            "{command}: {stderr}"
+        );
+    }
+}
