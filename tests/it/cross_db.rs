@@ -675,3 +675,69 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
         );
     }
 }
+
+/// `laconic migrate` of a member whose names the group's dictionary holds
+/// already: its converted documents hold the group's tokens, so it is
+/// marked too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_migrated_with_known_names_alone_is_marked() {
+    let (home, a, b) = (
+        db_name("xmig", "home"),
+        db_name("xmig_a", "proxy"),
+        db_name("xmig_b", "proxy"),
+    );
+    let direct = common::direct().await;
+    for db in [&home, &a, &b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    let proxy = proxy_with(vec![DictionaryGroup {
+        home: Some(home.clone()),
+        databases: vec![a.clone(), b.clone()],
+    }])
+    .await;
+    common::via_proxy(&proxy)
+        .await
+        .database(&a)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 1, "customerName": "Ann"})
+        .await
+        .unwrap();
+    // `b`'s documents predate Laconic, with a name the group knows.
+    direct
+        .database(&b)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 2, "customerName": "Bob"})
+        .await
+        .unwrap();
+    let config = common::temp_dir("xmig").join("laconic.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[proxy.tokenize]\nmin_len = 4\ncustom_paths = [\"custom\"]\n\n\
+             [[proxy.tokenize.dictionaries]]\ndatabases = [\"{a}\", \"{b}\"]\nhome = \"{home}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut migrate = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
+    migrate
+        .arg("migrate")
+        .args([
+            "--uri",
+            &common::upstream().uri,
+            "--db",
+            &b,
+            "--collection",
+            "c",
+        ])
+        .args(["--config", config.to_str().unwrap()]);
+    common::run_ok(migrate).await;
+    let stored = common::stored(&b, "c").await;
+    assert!(!stored[0].contains_key("customerName"), "{:?}", stored[0]);
+    let marks = direct
+        .database(&b)
+        .collection::<Document>("__laconic_mark")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(marks, 1, "{b} holds the group's tokens without a mark");
+}
