@@ -1022,22 +1022,26 @@ impl NameStore {
     }
 
     /// Raises the mark to what the dictionary now holds, after names or
-    /// values were added: in the background, off the request's path (a mark
-    /// that lags only ever finds less; it only rises, so raises may land in
-    /// any order).
+    /// values were added.
     fn raise_mark(&self, scope: &str) {
-        let Ok(d) = self.ready(scope) else { return };
-        let marks = self.coll_of_marks(scope);
-        let scope = scope.to_owned();
+        if let Ok(d) = self.ready(scope) {
+            self.raise_in_background(scope, &d);
+        }
+    }
+
+    /// Raises the mark kept in `db` to what `d` holds, in the background,
+    /// off the request's path (a mark that lags only ever finds less; it
+    /// only rises, so raises may land in any order).
+    fn raise_in_background(&self, db: &str, d: &Dictionary) {
+        let marks = self.coll_of_marks(db);
+        let (filter, raise) = (mark_filter(d), mark_raise(d));
+        let db = db.to_owned();
         tokio::spawn(async move {
-            let r = marks
-                .update_one(mark_filter(&d), mark_raise(&d))
-                .upsert(true)
-                .await;
+            let r = marks.update_one(filter, raise).upsert(true).await;
             if let Err(e) = r.map_err(|e| StoreError::from_driver("update", e)) {
                 // A mark of another identity: the next read says so.
                 if !e.is_duplicate_key() {
-                    warn!(scope = ?scope, error = %e, "the dictionary's mark could not be raised");
+                    warn!(db = ?db, error = %e, "the dictionary's mark could not be raised");
                 }
             }
         });
@@ -1047,13 +1051,15 @@ impl NameStore {
         self.db(db).collection(MARK_COLLECTION)
     }
 
-    /// Raises the mark kept in `db`, a member of `scope`'s group, to what
-    /// the group's dictionary holds, before documents written with it are
-    /// sent: restored beside another dictionary, the member is then
-    /// refused, not misread. Nothing to do for a database with a
-    /// dictionary of its own (its mark is raised with it), or one whose
-    /// mark covers the dictionary already. A mark of another identity
-    /// refuses the write (`mismatch`).
+    /// Marks `db`, a member of `scope`'s group, with the group's
+    /// dictionary before documents written with it are sent: restored
+    /// beside another dictionary, the member is then refused, not misread.
+    /// A member without a mark of this identity (as this proxy last read
+    /// or raised it) waits for it; one whose mark is only behind the
+    /// dictionary's names has it raised in the background, as the home's
+    /// is. Nothing to do for a database with a dictionary of its own (its
+    /// mark is raised with it). A mark of another identity refuses the
+    /// write (`mismatch`).
     async fn mark_member(&self, db: &str, scope: &str) -> Result<RoundTrips, StoreError> {
         if scope == db {
             return Ok(RoundTrips(0));
@@ -1062,8 +1068,25 @@ impl NameStore {
         let Ok(d) = self.ready(scope) else {
             return Ok(RoundTrips(0));
         };
-        if self.member_marked(db, &d) {
-            return Ok(RoundTrips(0));
+        let now = Mark {
+            epoch: d.epoch,
+            names: d.len(),
+            values: d.value_count(),
+        };
+        let note = |mark: Mark| {
+            if let Some(mut m) = self.inner.members.get_mut(db) {
+                m.mark = Some(mark);
+            }
+        };
+        match self.inner.members.get(db).and_then(|m| m.mark) {
+            Some(m) if m.epoch == d.epoch => {
+                if m.names < now.names || m.values < now.values {
+                    note(now);
+                    self.raise_in_background(db, &d);
+                }
+                return Ok(RoundTrips(0));
+            }
+            _ => {}
         }
         let raised = self
             .coll_of_marks(db)
@@ -1073,13 +1096,7 @@ impl NameStore {
             .map_err(|e| StoreError::from_driver("update", e));
         match raised {
             Ok(_) => {
-                if let Some(mut m) = self.inner.members.get_mut(db) {
-                    m.mark = Some(Mark {
-                        epoch: d.epoch,
-                        names: d.len(),
-                        values: d.value_count(),
-                    });
-                }
+                note(now);
                 Ok(RoundTrips(1))
             }
             Err(e) if e.is_duplicate_key() => {

@@ -557,6 +557,36 @@ async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_an
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // A name `a` brings later reaches `b`'s documents: `b`'s mark is raised
+    // to count it (in the background).
+    for db in [&a, &b] {
+        client
+            .database(db)
+            .collection::<Document>("c")
+            .insert_one(doc! {"_id": 3, "laterName": 1})
+            .await
+            .unwrap();
+    }
+    let names_in_mark = |db: String| {
+        let direct = direct.clone();
+        async move {
+            direct
+                .database(&db)
+                .collection::<Document>("__laconic_mark")
+                .find_one(doc! {})
+                .await
+                .unwrap()
+                .and_then(|m| m.get_i64("names").ok())
+        }
+    };
+    while names_in_mark(b.clone()).await != Some(2) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{b}'s mark counts {:?} names, the dictionary 2",
+            names_in_mark(b.clone()).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     // The group's dictionary is dropped and made anew, with another name
     // first, while `b`'s documents are kept aside (as a restore would).
     let kept = common::stored(&b, "c").await;
