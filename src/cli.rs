@@ -48,7 +48,8 @@ pub struct StoreTarget {
     pub uri: String,
     /// The proxies' configuration file: `verify` and `stats` read a
     /// database of a group (`[[proxy.tokenize.dictionaries]]`) with the
-    /// group's dictionary.
+    /// group's dictionary; `export`, `import` and `init` refuse one (name
+    /// the group's home).
     #[arg(long, env = "LACONIC_CONFIG")]
     pub config: Option<PathBuf>,
 }

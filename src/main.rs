@@ -108,6 +108,7 @@ async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
             }
         }
         StoreCommand::Export { target, db, file } => {
+            tool::own_dictionary(&policies(&target)?, &db)?;
             let d = tool::export(&client(&target).await?, &db).await?;
             let text =
                 serde_json::to_string_pretty(&bson::Bson::Document(d).into_canonical_extjson())?;
@@ -118,6 +119,7 @@ async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
             }
         }
         StoreCommand::Import { target, db, file } => {
+            tool::own_dictionary(&policies(&target)?, &db)?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let json: serde_json::Value = serde_json::from_str(&text)?;
@@ -140,6 +142,7 @@ async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
             cap,
             force,
         } => {
+            tool::own_dictionary(&policies(&target)?, &db)?;
             tool::init(&client(&target).await?, &db, cap, force).await?;
             println!("{db} has a dictionary now");
         }

@@ -302,6 +302,17 @@ async fn read_dictionary(
     Ok(store.dictionary(db)?)
 }
 
+/// Refuses `db` where it shares a group's dictionary under `policies`:
+/// `export`, `import` and `init` work on the group's home, which keeps it.
+pub fn own_dictionary(policies: &Policies, db: &str) -> Result<(), ToolError> {
+    match policies.scope_of(db) {
+        home if home != db => Err(ToolError::Refused(format!(
+            "{db} shares the dictionary of its group, kept in {home}: name {home}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// A dictionary's vital statistics, as lines of text: `db`'s own, or, for
 /// a member of a group under `policies`, its group's after a line of its
 /// own mark.

@@ -693,6 +693,17 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
         )),
         "{out}"
     );
+    for command in ["export", "init"] {
+        let out = tool(&[command, "--config", config, &a]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "{a} shares the dictionary of its group, kept in {home}: name {home}"
+            )),
+            "{command}: {stderr}"
+        );
+    }
     for command in ["verify", "stats"] {
         let out = tool(&[command, &a]).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
