@@ -21,6 +21,32 @@ async fn proxy_with(groups: Vec<DictionaryGroup>) -> laconic::downstream::ProxyH
     common::start(config).await
 }
 
+/// A group of two databases (`<test>_a`, `<test>_b`) kept in `<test>`'s
+/// home, the three dropped.
+struct Group {
+    home: String,
+    a: String,
+    b: String,
+    groups: Vec<DictionaryGroup>,
+}
+
+async fn fresh_group(test: &str) -> Group {
+    let (home, a, b) = (
+        db_name(test, "home"),
+        db_name(&format!("{test}_a"), "proxy"),
+        db_name(&format!("{test}_b"), "proxy"),
+    );
+    let direct = common::direct().await;
+    for db in [&home, &a, &b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    let groups = vec![DictionaryGroup {
+        home: Some(home.clone()),
+        databases: vec![a.clone(), b.clone()],
+    }];
+    Group { home, a, b, groups }
+}
+
 /// The operations of the cross-database bulkWrite, for the databases `a`
 /// and `b`: inserts, an upsert, an update, a delete, and a duplicate key
 /// in `a` at index 5.
@@ -359,26 +385,15 @@ async fn a_cluster_wide_stream_expands_each_event_with_its_database_dictionary()
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_refused_a_dictionary_names_the_member_that_holds_documents() {
-    let (home, a, b) = (
-        db_name("xmiss", "home"),
-        db_name("xmiss_a", "proxy"),
-        db_name("xmiss_b", "proxy"),
-    );
+    let Group { home, a, b, groups } = fresh_group("xmiss").await;
     let direct = common::direct().await;
-    for db in [&home, &a, &b] {
-        direct.database(db).drop().await.unwrap();
-    }
     direct
         .database(&b)
         .collection::<Document>("legacy")
         .insert_one(doc! {"customerName": "Ann"})
         .await
         .unwrap();
-    let proxy = proxy_with(vec![DictionaryGroup {
-        home: Some(home.clone()),
-        databases: vec![a.clone(), b.clone()],
-    }])
-    .await;
+    let proxy = proxy_with(groups).await;
     let client = common::via_proxy(&proxy).await;
     let err = client
         .database(&a)
@@ -465,19 +480,10 @@ async fn the_store_records_do_not_count_as_documents_of_a_home() {
 /// error names the member that holds them and the home to restore.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_whose_home_was_dropped_names_the_member_left_unreadable() {
-    let (home, a, b) = (
-        db_name("xlost", "home"),
-        db_name("xlost_a", "proxy"),
-        db_name("xlost_b", "proxy"),
-    );
+    let Group {
+        home, a, groups, ..
+    } = fresh_group("xlost").await;
     let direct = common::direct().await;
-    for db in [&home, &a, &b] {
-        direct.database(db).drop().await.unwrap();
-    }
-    let groups = vec![DictionaryGroup {
-        home: Some(home.clone()),
-        databases: vec![a.clone(), b.clone()],
-    }];
     let writer = proxy_with(groups.clone()).await;
     common::via_proxy(&writer)
         .await
@@ -513,19 +519,8 @@ async fn a_group_whose_home_was_dropped_names_the_member_left_unreadable() {
 /// another dictionary, it is refused, not read with the wrong names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_another_dictionary() {
-    let (home, a, b) = (
-        db_name("xmark", "home"),
-        db_name("xmark_a", "proxy"),
-        db_name("xmark_b", "proxy"),
-    );
+    let Group { home, a, b, groups } = fresh_group("xmark").await;
     let direct = common::direct().await;
-    for db in [&home, &a, &b] {
-        direct.database(db).drop().await.unwrap();
-    }
-    let groups = vec![DictionaryGroup {
-        home: Some(home.clone()),
-        databases: vec![a.clone(), b.clone()],
-    }];
     let proxy = proxy_with(groups.clone()).await;
     let client = common::via_proxy(&proxy).await;
     // `a` brings the name; `b`'s document needs none.
@@ -534,36 +529,6 @@ async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_an
             .database(db)
             .collection::<Document>("c")
             .insert_one(doc! {"_id": 1, "customerName": "Ann"})
-            .await
-            .unwrap();
-    }
-    let marked = |db: String| {
-        let direct = direct.clone();
-        async move {
-            direct
-                .database(&db)
-                .collection::<Document>("__laconic_mark")
-                .count_documents(doc! {})
-                .await
-                .unwrap()
-                == 1
-        }
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !(marked(a.clone()).await && marked(b.clone()).await) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a member is without its mark"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    // A name `a` brings later reaches `b`'s documents: `b`'s mark is raised
-    // to count it (in the background).
-    for db in [&a, &b] {
-        client
-            .database(db)
-            .collection::<Document>("c")
-            .insert_one(doc! {"_id": 3, "laterName": 1})
             .await
             .unwrap();
     }
@@ -579,6 +544,21 @@ async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_an
                 .and_then(|m| m.get_i64("names").ok())
         }
     };
+    // Each was marked before its write was sent.
+    for db in [&a, &b] {
+        assert_eq!(names_in_mark(db.clone()).await, Some(1), "{db}'s mark");
+    }
+    // A name `a` brings later reaches `b`'s documents: `b`'s mark is raised
+    // to count it (in the background).
+    for db in [&a, &b] {
+        client
+            .database(db)
+            .collection::<Document>("c")
+            .insert_one(doc! {"_id": 3, "laterName": 1})
+            .await
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while names_in_mark(b.clone()).await != Some(2) {
         assert!(
             std::time::Instant::now() < deadline,
@@ -648,16 +628,8 @@ async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_an
 /// refused, not reported as holding tokens no dictionary knows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_tools_read_a_member_with_its_group_dictionary() {
-    let (home, a) = (db_name("xtool", "home"), db_name("xtool_a", "proxy"));
-    let direct = common::direct().await;
-    for db in [&home, &a] {
-        direct.database(db).drop().await.unwrap();
-    }
-    let proxy = proxy_with(vec![DictionaryGroup {
-        home: Some(home.clone()),
-        databases: vec![a.clone()],
-    }])
-    .await;
+    let Group { home, a, b, groups } = fresh_group("xtool").await;
+    let proxy = proxy_with(groups).await;
     common::via_proxy(&proxy)
         .await
         .database(&a)
@@ -668,7 +640,9 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
     let config = common::temp_dir("xtool").join("laconic.toml");
     std::fs::write(
         &config,
-        format!("[[proxy.tokenize.dictionaries]]\ndatabases = [\"{a}\"]\nhome = \"{home}\"\n"),
+        format!(
+            "[[proxy.tokenize.dictionaries]]\ndatabases = [\"{a}\", \"{b}\"]\nhome = \"{home}\"\n"
+        ),
     )
     .unwrap();
     let tool = |args: &[&str]| {
@@ -722,20 +696,9 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
 /// marked too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_migrated_with_known_names_alone_is_marked() {
-    let (home, a, b) = (
-        db_name("xmig", "home"),
-        db_name("xmig_a", "proxy"),
-        db_name("xmig_b", "proxy"),
-    );
+    let Group { home, a, b, groups } = fresh_group("xmig").await;
     let direct = common::direct().await;
-    for db in [&home, &a, &b] {
-        direct.database(db).drop().await.unwrap();
-    }
-    let proxy = proxy_with(vec![DictionaryGroup {
-        home: Some(home.clone()),
-        databases: vec![a.clone(), b.clone()],
-    }])
-    .await;
+    let proxy = proxy_with(groups).await;
     common::via_proxy(&proxy)
         .await
         .database(&a)
