@@ -47,6 +47,35 @@ async fn fresh_group(test: &str) -> Group {
     Group { home, a, b, groups }
 }
 
+impl Group {
+    /// The proxies' configuration file for the group and `proxy_with`'s
+    /// policy, as the tools read it.
+    fn config_file(&self) -> String {
+        let (home, a, b) = (&self.home, &self.a, &self.b);
+        let path = common::temp_dir(home).join("laconic.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[proxy.tokenize]\nmin_len = 4\ncustom_paths = [\"custom\"]\n\n\
+                 [[proxy.tokenize.dictionaries]]\ndatabases = [\"{a}\", \"{b}\"]\nhome = \"{home}\"\n"
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+}
+
+/// Inserts `d` into `db.c` through `proxy`.
+async fn insert_via(proxy: &laconic::downstream::ProxyHandle, db: &str, d: Document) {
+    common::via_proxy(proxy)
+        .await
+        .database(db)
+        .collection::<Document>("c")
+        .insert_one(d)
+        .await
+        .unwrap();
+}
+
 /// The operations of the cross-database bulkWrite, for the databases `a`
 /// and `b`: inserts, an upsert, an update, a delete, and a duplicate key
 /// in `a` at index 5.
@@ -440,13 +469,7 @@ async fn the_store_records_do_not_count_as_documents_of_a_home() {
     config.tokenize.min_len = 4;
     config.tokenize.store_db = store.clone();
     let alone = common::start(config.clone()).await;
-    common::via_proxy(&alone)
-        .await
-        .database(&own)
-        .collection::<Document>("c")
-        .insert_one(doc! {"customerName": "Ann"})
-        .await
-        .unwrap();
+    insert_via(&alone, &own, doc! {"customerName": "Ann"}).await;
     let records = direct
         .database(&store)
         .collection::<Document>("dictionaries")
@@ -485,13 +508,7 @@ async fn a_group_whose_home_was_dropped_names_the_member_left_unreadable() {
     } = fresh_group("xlost").await;
     let direct = common::direct().await;
     let writer = proxy_with(groups.clone()).await;
-    common::via_proxy(&writer)
-        .await
-        .database(&a)
-        .collection::<Document>("c")
-        .insert_one(doc! {"_id": 1, "customerName": "Ann"})
-        .await
-        .unwrap();
+    insert_via(&writer, &a, doc! {"_id": 1, "customerName": "Ann"}).await;
     direct.database(&home).drop().await.unwrap();
     let fresh = proxy_with(groups).await;
     let err = common::via_proxy(&fresh)
@@ -628,23 +645,11 @@ async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_an
 /// refused, not reported as holding tokens no dictionary knows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_tools_read_a_member_with_its_group_dictionary() {
-    let Group { home, a, b, groups } = fresh_group("xtool").await;
-    let proxy = proxy_with(groups).await;
-    common::via_proxy(&proxy)
-        .await
-        .database(&a)
-        .collection::<Document>("c")
-        .insert_one(doc! {"_id": 1, "customerName": "Ann"})
-        .await
-        .unwrap();
-    let config = common::temp_dir("xtool").join("laconic.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[proxy.tokenize.dictionaries]]\ndatabases = [\"{a}\", \"{b}\"]\nhome = \"{home}\"\n"
-        ),
-    )
-    .unwrap();
+    let group = fresh_group("xtool").await;
+    let proxy = proxy_with(group.groups.clone()).await;
+    insert_via(&proxy, &group.a, doc! {"_id": 1, "customerName": "Ann"}).await;
+    let config = group.config_file();
+    let (home, a) = (&group.home, &group.a);
     let tool = |args: &[&str]| {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
         c.args(["store"])
@@ -653,14 +658,14 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
             .env("RUST_BACKTRACE", "0");
         c
     };
-    let config = config.to_str().unwrap();
-    let out = common::run_ok(tool(&["verify", "--config", config, &a])).await;
+    let config = config.as_str();
+    let out = common::run_ok(tool(&["verify", "--config", config, a])).await;
     assert!(
         out.contains(&format!("{a}: 1 documents in 1 collections"))
             && out.contains("; 0 hold tokens the dictionary does not know"),
         "{out}"
     );
-    let out = common::run_ok(tool(&["stats", "--config", config, &a])).await;
+    let out = common::run_ok(tool(&["stats", "--config", config, a])).await;
     assert!(
         out.starts_with(&format!(
             "{a}: shares the dictionary of {home}; its mark: 1 names and 0 values given out\n{home}: dictionary "
@@ -668,7 +673,7 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
         "{out}"
     );
     for command in ["export", "init"] {
-        let out = tool(&[command, "--config", config, &a]).output().unwrap();
+        let out = tool(&[command, "--config", config, a]).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{command}: {stderr}");
         assert!(
@@ -679,7 +684,7 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
         );
     }
     for command in ["verify", "stats"] {
-        let out = tool(&[command, &a]).output().unwrap();
+        let out = tool(&[command, a]).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{command}: {stderr}");
         assert!(
@@ -696,32 +701,18 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
 /// marked too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_migrated_with_known_names_alone_is_marked() {
-    let Group { home, a, b, groups } = fresh_group("xmig").await;
+    let group = fresh_group("xmig").await;
+    let (a, b) = (&group.a, &group.b);
     let direct = common::direct().await;
-    let proxy = proxy_with(groups).await;
-    common::via_proxy(&proxy)
-        .await
-        .database(&a)
-        .collection::<Document>("c")
-        .insert_one(doc! {"_id": 1, "customerName": "Ann"})
-        .await
-        .unwrap();
+    let proxy = proxy_with(group.groups.clone()).await;
+    insert_via(&proxy, a, doc! {"_id": 1, "customerName": "Ann"}).await;
     // `b`'s documents predate Laconic, with a name the group knows.
     direct
-        .database(&b)
+        .database(b)
         .collection::<Document>("c")
         .insert_one(doc! {"_id": 2, "customerName": "Bob"})
         .await
         .unwrap();
-    let config = common::temp_dir("xmig").join("laconic.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[proxy.tokenize]\nmin_len = 4\ncustom_paths = [\"custom\"]\n\n\
-             [[proxy.tokenize.dictionaries]]\ndatabases = [\"{a}\", \"{b}\"]\nhome = \"{home}\"\n"
-        ),
-    )
-    .unwrap();
     let mut migrate = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
     migrate
         .arg("migrate")
@@ -729,16 +720,16 @@ async fn a_member_migrated_with_known_names_alone_is_marked() {
             "--uri",
             &common::upstream().uri,
             "--db",
-            &b,
+            b,
             "--collection",
             "c",
         ])
-        .args(["--config", config.to_str().unwrap()]);
+        .args(["--config", &group.config_file()]);
     common::run_ok(migrate).await;
-    let stored = common::stored(&b, "c").await;
+    let stored = common::stored(b, "c").await;
     assert!(!stored[0].contains_key("customerName"), "{:?}", stored[0]);
     let marks = direct
-        .database(&b)
+        .database(b)
         .collection::<Document>("__laconic_mark")
         .count_documents(doc! {})
         .await
