@@ -65,6 +65,19 @@ impl Group {
     }
 }
 
+/// The error a read of `db.c` gets, refused for its dictionary (301).
+async fn read_refused(client: &mongodb::Client, db: &str) -> mongodb::error::CommandError {
+    let err = client
+        .database(db)
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap_err();
+    let e = common::command_error(err);
+    assert_eq!(e.code, 301, "{}", e.message);
+    e
+}
+
 /// Inserts `d` into `db.c` through `proxy`.
 async fn insert_via(proxy: &laconic::downstream::ProxyHandle, db: &str, d: Document) {
     common::via_proxy(proxy)
@@ -511,15 +524,7 @@ async fn a_group_whose_home_was_dropped_names_the_member_left_unreadable() {
     insert_via(&writer, &a, doc! {"_id": 1, "customerName": "Ann"}).await;
     direct.database(&home).drop().await.unwrap();
     let fresh = proxy_with(groups).await;
-    let err = common::via_proxy(&fresh)
-        .await
-        .database(&a)
-        .collection::<Document>("c")
-        .find_one(doc! {})
-        .await
-        .unwrap_err();
-    let e = common::command_error(err);
-    assert_eq!(e.code, 301, "{}", e.message);
+    let e = read_refused(&common::via_proxy(&fresh).await, &a).await;
     assert!(
         e.message.starts_with(&format!("laconic: the dictionary of {home} (identity "))
             && e.message.contains(&format!(
@@ -618,14 +623,7 @@ async fn a_member_written_with_known_names_alone_is_marked_and_refused_beside_an
         .insert_many(marks)
         .await
         .unwrap();
-    let err = client
-        .database(&b)
-        .collection::<Document>("c")
-        .find_one(doc! {})
-        .await
-        .unwrap_err();
-    let e = common::command_error(err);
-    assert_eq!(e.code, 301, "{}", e.message);
+    let e = read_refused(&client, &b).await;
     // Refused for its mark, not read with the new dictionary (where its
     // token now spells `anotherName`).
     assert!(
