@@ -150,11 +150,21 @@ impl Exchange {
     ) -> Result<Step, ProxyError> {
         let mut gate = Gate::Rewrite;
         let mut renamed = None;
-        // The tokenized databases the command's names belong to, read once.
-        let dbs = self
-            .frame
-            .op_msg()
-            .map_or_else(Vec::new, |m| rewrite::token_databases(m, &ctx.rewrite));
+        // The tokenized databases the command's names belong to, read once;
+        // and those it moves stored documents from and into besides.
+        let (dbs, moved) = self.frame.op_msg().map_or_else(Default::default, |m| {
+            (
+                rewrite::token_databases(m, &ctx.rewrite),
+                rewrite::moved(m, &ctx.rewrite),
+            )
+        });
+        // Every one of them must have a sound dictionary.
+        let mut touched = dbs.clone();
+        for db in moved.from.iter().chain(&moved.into) {
+            if !touched.contains(db) {
+                touched.push(db.clone());
+            }
+        }
         if let Message::Msg(m) = self.frame.message() {
             // Who sends a command that may open or continue a cursor (the
             // hot writes open none).
@@ -215,14 +225,17 @@ impl Exchange {
                 // dictionary can still be dropped: its documents go too.
                 gate = Gate::PassThrough;
             } else if !rewrite::is_hello(&self.command) {
-                gate = tokens::admit(ctx, &dbs, &state.auth).await?;
+                gate = tokens::admit(ctx, &touched, &state.auth).await?;
             }
         }
         if let Some(renamed) = renamed {
             self.frame = renamed;
         }
         if gate == Gate::Rewrite {
-            if let Some(f) = self.rewritten(ctx, state, leg, &dbs).await? {
+            if let Some(f) = self
+                .rewritten(ctx, state, leg, &dbs, (&touched, &moved.into))
+                .await?
+            {
                 return self.forward(ctx, f);
             }
         }
@@ -234,13 +247,15 @@ impl Exchange {
     /// (`None`: it goes as the driver sent it). Rewritten again if a
     /// migration's state changed while it got ready: it is sent only as
     /// the proxy's current view of the store, read within its lease, would
-    /// rewrite it.
+    /// rewrite it. `touched`: every tokenized database it names or moves
+    /// documents between; `into`: those it moves documents into.
     async fn rewritten(
         &mut self,
         ctx: &Arc<ProxyContext>,
         state: &mut SessionState,
         leg: &mut crate::upstream::Leg,
         dbs: &[String],
+        (touched, into): (&[String], &[String]),
     ) -> Result<Option<Frame>, ProxyError> {
         let admitted = Instant::now();
         for _ in 0..3 {
@@ -273,13 +288,14 @@ impl Exchange {
                 }
             }
             tokens::claim(ctx, dbs, &self.command).await?;
+            tokens::claim_moved_into(ctx, into).await?;
             migration::convert_ahead(ctx, &self.frame, &self.command).await?;
-            if tokens::still_current(ctx, dbs, marks, admitted).await? {
+            if tokens::still_current(ctx, touched, marks, admitted).await? {
                 self.plan = rewritten.plan;
                 return Ok(rewritten.frame);
             }
         }
-        Err(tokens::stale(dbs))
+        Err(tokens::stale(touched))
     }
 
     /// The request rewritten (pure: [`rewrite::request`]). One of more

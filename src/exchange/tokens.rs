@@ -130,6 +130,26 @@ pub(super) async fn claim(
     Ok(())
 }
 
+/// Before a command that moves stored documents into other databases is
+/// forwarded ([`crate::rewrite::moved`]): each gets a dictionary, or as a
+/// group's member a mark naming the group's, as a write would, whatever
+/// the command (a `renameCollection` is no write of the catalogue's).
+pub(super) async fn claim_moved_into(
+    ctx: &ProxyContext,
+    into: &[String],
+) -> Result<(), ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(());
+    };
+    for db in into {
+        if !t.store.exists(db) || t.store.unmarked(db) {
+            let trips = t.store.claim(db).await?.0;
+            ctx.metrics.store_round_trips(trips);
+        }
+    }
+    Ok(())
+}
+
 /// After a `dropDatabase` (whatever its outcome): the database's dictionary
 /// is read again before its next use.
 pub(super) fn dropped(ctx: &ProxyContext, request: &Frame) {

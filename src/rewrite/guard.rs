@@ -1,7 +1,20 @@
-//! The dictionaries' collections are written by Laconic alone: every
-//! command a client sends that would write, drop, rename, re-index or
-//! `$out`/`$merge` into `__laconic` or `__laconic_mark`, in any database,
-//! is refused with `Unauthorized`. Reading them stays allowed.
+//! What no client may do through the proxy, checked before anything is
+//! allocated:
+//!
+//! - Write the dictionaries' collections: every command that would write,
+//!   drop, rename, re-index or `$out`/`$merge` into `__laconic` or
+//!   `__laconic_mark`, in any database, is refused with `Unauthorized`.
+//!   Reading them stays allowed.
+//! - Move stored documents, as they are, where they would be read
+//!   otherwise: a `renameCollection` (across databases too) or a
+//!   `cloneCollectionAsCapped` between collections whose documents are not
+//!   stored alike (another dictionary, other tokenize settings, one of them
+//!   being migrated), an `$out`/`$merge` or `mapReduce` output from a
+//!   database nothing tokenizes into one that is tokenized, an `applyOps`
+//!   into a tokenized database. Each is refused with error 115, naming it:
+//!   the documents would be read back under other names, or found by no
+//!   query. (An `$out`/`$merge` from a tokenized database is checked by the
+//!   mapper, which knows the pipeline's layout.)
 
 use bson::{RawBsonRef, RawDocument};
 
@@ -9,6 +22,7 @@ use crate::error::ProxyError;
 use crate::rewrite::walker::Fields;
 use crate::token::dictionary::COLLECTION;
 use crate::token::store::MARK_COLLECTION;
+use crate::token::Policies;
 use crate::wire::OpMsg;
 
 /// Commands whose first value names the collection they write.
@@ -50,8 +64,175 @@ fn refuse(db: &str, command: &str, coll: &str) -> ProxyError {
     ))
 }
 
+/// Refuses a command that would write a dictionary's collections, or
+/// move stored documents where they are stored otherwise.
+pub fn check(m: &OpMsg, policies: &Policies) -> Result<(), ProxyError> {
+    internal_writes(m)?;
+    for mv in moves(m) {
+        if let Some(why) = mv.refused(policies) {
+            return Err(ProxyError::Unsupported(format!(
+                "{} cannot be rewritten: {why}",
+                mv.describe()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The tokenized databases whose stored documents a command moves as
+/// they are, other than through the mapper: where they come from (whose
+/// dictionary must be sound), and where they go (which the documents then
+/// hold: a group's member is marked before they are sent).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    pub from: Vec<String>,
+    pub into: Vec<String>,
+}
+
+/// [`Moved`] for a command admitted by [`check`]. An aggregation's
+/// `$out`/`$merge` counts too: its documents go into the target database.
+pub fn moved(m: &OpMsg, policies: &Policies) -> Moved {
+    let mut moved = Moved::default();
+    for mv in moves(m) {
+        if let Source::Namespace(db, _) = mv.from {
+            if policies.applies_to(db) && !moved.from.iter().any(|d| d == db) {
+                moved.from.push(db.to_owned());
+            }
+        }
+        let into = mv.into.0;
+        if policies.applies_to(into) && !moved.into.iter().any(|d| d == into) {
+            moved.into.push(into.to_owned());
+        }
+    }
+    moved
+}
+
+/// Documents a command puts into a collection as they are.
+struct Move<'a> {
+    command: &'a str,
+    from: Source<'a>,
+    /// The database and collection they go into.
+    into: (&'a str, &'a str),
+}
+
+/// Where the documents of a [`Move`] come from.
+enum Source<'a> {
+    /// A collection's stored documents.
+    Namespace(&'a str, &'a str),
+    /// What a pipeline (or `mapReduce`) run on this database makes.
+    Made(&'a str),
+    /// The command's own (`applyOps`): as the client wrote them.
+    Given,
+}
+
+impl Move<'_> {
+    fn describe(&self) -> String {
+        let (db, coll) = self.into;
+        match self.from {
+            Source::Namespace(d, c) => format!("{} from {d}.{c} to {db}.{coll}", self.command),
+            Source::Made(_) | Source::Given => format!("{} into {db}.{coll}", self.command),
+        }
+    }
+
+    /// Why the documents would not be stored alike where they go.
+    fn refused(&self, policies: &Policies) -> Option<&'static str> {
+        let (db, coll) = self.into;
+        match self.from {
+            Source::Namespace(d, c) => {
+                if policies.migration(d, c).is_some() || policies.migration(db, coll).is_some() {
+                    return Some("a collection being migrated (`laconic migrate`) keeps its documents until the migration is done");
+                }
+                policies.unlike((d, policies.stored_form(d, c)), db, coll)
+            }
+            // A pipeline on a tokenized database is the mapper's to check.
+            Source::Made(d) if policies.applies_to(d) => None,
+            Source::Made(d) => policies.unlike((d, None), db, coll),
+            Source::Given => policies.stored_form(db, coll).map(|_| {
+                "its documents and names go into a tokenized collection as the client wrote them"
+            }),
+        }
+    }
+}
+
+/// Every [`Move`] a command makes.
+fn moves(m: &OpMsg) -> Vec<Move<'_>> {
+    let body = m.body();
+    let Some((name, first)) = body.first().and_then(|e| Some((e.name()?, e.str()))) else {
+        return Vec::new();
+    };
+    let db = body.str_field("$db").unwrap_or_default();
+    match name {
+        "renameCollection" => match (
+            first.and_then(|n| n.split_once('.')),
+            body.str_field("to").and_then(|n| n.split_once('.')),
+        ) {
+            (Some((d, c)), Some(into)) => vec![Move {
+                command: name,
+                from: Source::Namespace(d, c),
+                into,
+            }],
+            _ => Vec::new(),
+        },
+        "cloneCollectionAsCapped" => match (first, body.str_field("toCollection")) {
+            (Some(c), Some(to)) => vec![Move {
+                command: name,
+                from: Source::Namespace(db, c),
+                into: (db, to),
+            }],
+            _ => Vec::new(),
+        },
+        "aggregate" => output(body, db)
+            .map(|(stage, d, c)| Move {
+                command: stage,
+                from: Source::Made(db),
+                into: (d, c),
+            })
+            .into_iter()
+            .collect(),
+        "mapReduce" | "mapreduce" => map_reduce_output(body, db)
+            .map(|into| Move {
+                command: "mapReduce",
+                from: Source::Made(db),
+                into,
+            })
+            .into_iter()
+            .collect(),
+        "applyOps" => body
+            .get_array("applyOps")
+            .ok()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|op| op.as_document()?.get_str("ns").ok()?.split_once('.'))
+            .map(|into| Move {
+                command: name,
+                from: Source::Given,
+                into,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The collection a `mapReduce` writes its output into, if any (not
+/// `{inline: 1}`): `(db, coll)`.
+fn map_reduce_output<'a>(body: &'a RawDocument, db: &'a str) -> Option<(&'a str, &'a str)> {
+    match body.get("out").ok().flatten()? {
+        RawBsonRef::String(c) => Some((db, c)),
+        RawBsonRef::Document(d) => {
+            let coll = d
+                .into_iter()
+                .flatten()
+                .find(|(k, _)| matches!(*k, "replace" | "merge" | "reduce"))
+                .and_then(|(_, v)| v.as_str())?;
+            Some((d.get_str("db").unwrap_or(db), coll))
+        }
+        _ => None,
+    }
+}
+
 /// Refuses a command that would write a dictionary's collections.
-pub fn check(m: &OpMsg) -> Result<(), ProxyError> {
+fn internal_writes(m: &OpMsg) -> Result<(), ProxyError> {
     let body = m.body();
     let Some((name, first)) = body.first().and_then(|e| Some((e.name()?, e.str()))) else {
         return Ok(());
@@ -111,18 +292,8 @@ pub fn check(m: &OpMsg) -> Result<(), ProxyError> {
             }
         }
         "mapReduce" | "mapreduce" => {
-            let out = body.get("out").ok().flatten();
-            let coll = match out {
-                Some(RawBsonRef::String(c)) => Some(c),
-                Some(RawBsonRef::Document(d)) => d
-                    .into_iter()
-                    .flatten()
-                    .find(|(k, _)| matches!(*k, "replace" | "merge" | "reduce"))
-                    .and_then(|(_, v)| v.as_str()),
-                _ => None,
-            };
-            if let Some(c) = coll.filter(|c| internal(c)) {
-                return Err(refuse(db, name, c));
+            if let Some((out_db, c)) = map_reduce_output(body, db).filter(|(_, c)| internal(c)) {
+                return Err(refuse(out_db, name, c));
             }
         }
         _ => {}
@@ -156,5 +327,179 @@ fn output<'a>(body: &'a RawDocument, db: &'a str) -> Option<(&'static str, &'a s
             d.get_str("coll").ok()?,
         )),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{doc, Document, RawDocumentBuf};
+
+    use super::*;
+    use crate::token::policy::Group;
+    use crate::token::{Migration, MigrationState, Policy};
+    use crate::wire::{MsgFlags, Section};
+
+    fn msg(body: Document) -> OpMsg {
+        let raw = RawDocumentBuf::from_document(&body).unwrap().into_bytes();
+        OpMsg {
+            flags: MsgFlags::default(),
+            sections: vec![Section::Body(raw.into())],
+            checksum: None,
+        }
+    }
+
+    /// Every name of 4 bytes or more tokenized; `a` and `b` share one
+    /// dictionary, `s` has its own; `a.plain` is stored as it is.
+    fn policies() -> Policies {
+        let mut p = Policies::new(Policy::new(4, &[], "laconic"))
+            .with_rule("a.plain", Policy::new(0, &[], "laconic"));
+        p.groups = vec![Group {
+            home: "a".into(),
+            databases: vec!["a".into(), "b".into()],
+        }];
+        p
+    }
+
+    fn refusal(body: Document) -> Option<String> {
+        match check(&msg(body), &policies()) {
+            Ok(()) => None,
+            Err(ProxyError::Unsupported(m)) => Some(m),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    const OTHER: &str = "its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])";
+    const SETTINGS: &str = "its collection's tokenize settings differ from the source's";
+
+    #[test]
+    fn a_rename_goes_through_only_where_documents_are_stored_alike() {
+        let rename = |from: &str, to: &str| {
+            refusal(doc! {"renameCollection": from, "to": to, "$db": "admin"})
+        };
+        assert_eq!(rename("a.c", "a.d"), None);
+        assert_eq!(rename("a.c", "b.c"), None, "one group, one dictionary");
+        assert_eq!(rename("admin.x", "local.y"), None, "nothing tokenized");
+        assert_eq!(
+            rename("a.c", "s.c"),
+            Some(format!(
+                "renameCollection from a.c to s.c cannot be rewritten: {OTHER}"
+            ))
+        );
+        assert_eq!(
+            rename("s.c", "admin.c"),
+            Some(format!(
+                "renameCollection from s.c to admin.c cannot be rewritten: {OTHER}"
+            ))
+        );
+        assert_eq!(
+            rename("a.c", "a.plain"),
+            Some(format!(
+                "renameCollection from a.c to a.plain cannot be rewritten: {SETTINGS}"
+            ))
+        );
+        assert_eq!(
+            rename("b.plain", "a.plain"),
+            Some(format!(
+                "renameCollection from b.plain to a.plain cannot be rewritten: {SETTINGS}"
+            ))
+        );
+        assert_eq!(
+            refusal(
+                doc! {"cloneCollectionAsCapped": "c", "toCollection": "plain", "size": 1, "$db": "a"}
+            ),
+            Some(format!(
+                "cloneCollectionAsCapped from a.c to a.plain cannot be rewritten: {SETTINGS}"
+            ))
+        );
+    }
+
+    #[test]
+    fn a_collection_being_migrated_is_not_renamed() {
+        let p = policies();
+        p.migrating.set_db(
+            "a",
+            [(
+                "c".to_owned(),
+                MigrationState::Migrating(Migration::Forward),
+            )],
+        );
+        for (from, to) in [("a.c", "a.d"), ("a.d", "a.c")] {
+            let e = check(
+                &msg(doc! {"renameCollection": from, "to": to, "$db": "admin"}),
+                &p,
+            );
+            assert!(
+                matches!(&e, Err(ProxyError::Unsupported(m)) if m.contains("being migrated")),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn output_made_where_nothing_is_tokenized_goes_only_where_nothing_is() {
+        let out = |db: &str, target: Document| {
+            refusal(
+                doc! {"aggregate": 1, "pipeline": [{"$documents": [{"longName": 1}]}, {"$out": target}], "cursor": {}, "$db": db},
+            )
+        };
+        assert_eq!(
+            out("admin", doc! {"db": "a", "coll": "c"}),
+            Some(format!("$out into a.c cannot be rewritten: {OTHER}"))
+        );
+        assert_eq!(out("admin", doc! {"db": "a", "coll": "plain"}), None);
+        assert_eq!(out("admin", doc! {"db": "local", "coll": "c"}), None);
+        // From a tokenized database, the mapper checks it.
+        assert_eq!(out("a", doc! {"db": "s", "coll": "c"}), None);
+        assert_eq!(
+            refusal(
+                doc! {"aggregate": 1, "pipeline": [{"$merge": {"into": {"db": "b", "coll": "m"}}}], "cursor": {}, "$db": "config"}
+            ),
+            Some(format!("$merge into b.m cannot be rewritten: {OTHER}"))
+        );
+        assert_eq!(
+            refusal(
+                doc! {"mapReduce": "c", "map": "", "reduce": "", "out": {"replace": "r", "db": "s"}, "$db": "local"}
+            ),
+            Some(format!("mapReduce into s.r cannot be rewritten: {OTHER}"))
+        );
+        assert_eq!(
+            refusal(
+                doc! {"mapReduce": "c", "map": "", "reduce": "", "out": {"inline": 1}, "$db": "local"}
+            ),
+            None
+        );
+        assert_eq!(
+            refusal(doc! {"applyOps": [{"op": "i", "ns": "local.x", "o": {"_id": 1}}, {"op": "i", "ns": "s.c", "o": {"_id": 1, "longName": 1}}], "$db": "admin"}),
+            Some("applyOps into s.c cannot be rewritten: its documents and names go into a tokenized collection as the client wrote them".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_databases_moved_between_are_the_tokenized_ones() {
+        let moved = |body| super::moved(&msg(body), &policies());
+        assert_eq!(
+            moved(doc! {"renameCollection": "a.c", "to": "b.c", "$db": "admin"}),
+            Moved {
+                from: vec!["a".into()],
+                into: vec!["b".into()]
+            }
+        );
+        assert_eq!(
+            moved(
+                doc! {"aggregate": "c", "pipeline": [{"$out": {"db": "b", "coll": "o"}}], "cursor": {}, "$db": "a"}
+            ),
+            Moved {
+                from: vec![],
+                into: vec!["b".into()]
+            }
+        );
+        assert_eq!(
+            moved(doc! {"renameCollection": "admin.x", "to": "local.y", "$db": "admin"}),
+            Moved::default()
+        );
+        assert_eq!(
+            moved(doc! {"insert": "c", "documents": [{"longName": 1}], "$db": "a"}),
+            Moved::default()
+        );
     }
 }

@@ -15,11 +15,21 @@ use crate::token::Migration;
 use crate::wire::{Frame, Message, OpMsg};
 
 /// Refuses a request no client may make through the proxy (writing a
-/// dictionary's collections); checked before anything is allocated.
+/// dictionary's collections, moving stored documents where they are
+/// stored otherwise: [`guard`]); checked before anything is allocated.
 pub fn admit(frame: &Frame, settings: &Settings) -> Result<(), ProxyError> {
     match (&settings.tokens, frame.message()) {
-        (Some(_), Message::Msg(m)) => guard::check(m),
+        (Some(t), Message::Msg(m)) => guard::check(m, &t.policies),
         _ => Ok(()),
+    }
+}
+
+/// The tokenized databases a request moves stored documents from and into
+/// besides its names' own ([`guard::moved`]).
+pub fn moved(m: &OpMsg, settings: &Settings) -> guard::Moved {
+    match &settings.tokens {
+        Some(t) => guard::moved(m, &t.policies),
+        None => guard::Moved::default(),
     }
 }
 

@@ -376,6 +376,31 @@ impl Policies {
                 .any(|(ns, p)| ns.split_once('.').is_some_and(|(d, _)| d == db) && p.applies_to(db))
     }
 
+    /// How the documents of `db.coll` are stored: under this policy (with
+    /// `db`'s dictionary), or, `None`, as they are.
+    pub fn stored_form(&self, db: &str, coll: &str) -> Option<&Policy> {
+        Some(self.get(db, coll)).filter(|p| p.applies_to(db))
+    }
+
+    /// Why documents of `from_db` stored as `from` says (`None`: as they
+    /// are) cannot be put into `db.coll` as they are; `None` if they can,
+    /// being stored there alike (the same dictionary and the same policy,
+    /// or nothing tokenized on either side).
+    pub fn unlike(
+        &self,
+        (from_db, from): (&str, Option<&Policy>),
+        db: &str,
+        coll: &str,
+    ) -> Option<&'static str> {
+        let same_dictionary = self.same_dictionary(from_db, db);
+        match (from, self.stored_form(db, coll)) {
+            (None, None) => None,
+            (Some(a), Some(b)) if same_dictionary && a == b => None,
+            _ if same_dictionary => Some("its collection's tokenize settings differ from the source's"),
+            _ => Some("its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])"),
+        }
+    }
+
     /// Whether `laconic migrate` is rewriting `db.coll` now (its documents
     /// are in both forms), and which way.
     pub fn migration(&self, db: &str, coll: &str) -> Option<Migration> {

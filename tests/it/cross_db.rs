@@ -734,3 +734,122 @@ async fn a_member_migrated_with_known_names_alone_is_marked() {
         .unwrap();
     assert_eq!(marks, 1, "{b} holds the group's tokens without a mark");
 }
+
+/// A `renameCollection` into another database moves stored documents as
+/// they are: into a database with a dictionary of its own it is refused
+/// (the documents would read back under its names), and into another
+/// member of the group it goes through and marks that member first, as a
+/// write would. So does an `$out` into the other member. Before, the first
+/// rename went through, and `{customerName: "Ann"}` read back
+/// `{otherName: "Ann"}`; the member that took the documents had no mark.
+#[tokio::test]
+async fn a_collection_renamed_into_another_database_keeps_its_names() {
+    let Group { home, a, b, groups } = fresh_group("xren").await;
+    let single = db_name("xren_s", "proxy");
+    let direct = common::direct().await;
+    direct.database(&single).drop().await.unwrap();
+    let proxy = proxy_with(groups).await;
+    let client = common::via_proxy(&proxy).await;
+    insert_via(&proxy, &a, doc! {"_id": 1, "customerName": "Ann"}).await;
+    insert_via(&proxy, &single, doc! {"_id": 1, "otherName": "Bob"}).await;
+    let rename = |from: String, to: String| {
+        let admin = client.database("admin");
+        async move {
+            admin
+                .run_command(doc! {"renameCollection": from, "to": to})
+                .await
+        }
+    };
+
+    let err = rename(format!("{a}.c"), format!("{single}.moved"))
+        .await
+        .unwrap_err();
+    let e = common::command_error(err);
+    assert_eq!(e.code, 115, "{}", e.message);
+    assert_eq!(
+        e.message,
+        format!("laconic: renameCollection from {a}.c to {single}.moved cannot be rewritten: its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])")
+    );
+    let in_single = direct
+        .database(&single)
+        .list_collection_names()
+        .await
+        .unwrap();
+    assert!(!in_single.contains(&"moved".to_owned()), "{in_single:?}");
+
+    rename(format!("{a}.c"), format!("{b}.c")).await.unwrap();
+    let read = client
+        .database(&b)
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(read, Some(doc! {"_id": 1, "customerName": "Ann"}));
+    let epoch_of = |db: String, coll: &'static str, id: &'static str| {
+        let direct = direct.clone();
+        async move {
+            direct
+                .database(&db)
+                .collection::<Document>(coll)
+                .find_one(doc! {"_id": id})
+                .await
+                .unwrap()
+                .and_then(|d| d.get("epoch").cloned())
+        }
+    };
+    let group_epoch = epoch_of(home.clone(), "__laconic", "dictionary").await;
+    assert!(group_epoch.is_some());
+    assert_eq!(
+        epoch_of(b.clone(), "__laconic_mark", "mark").await,
+        group_epoch,
+        "{b} took documents of the group's dictionary"
+    );
+
+    // An `$out` into the other member marks it too.
+    direct.database(&b).drop().await.unwrap();
+    insert_via(&proxy, &a, doc! {"_id": 2, "customerName": "Cy"}).await;
+    let fresh = proxy_with(vec![DictionaryGroup {
+        home: Some(home.clone()),
+        databases: vec![a.clone(), b.clone()],
+    }])
+    .await;
+    common::via_proxy(&fresh)
+        .await
+        .database(&a)
+        .collection::<Document>("c")
+        .aggregate(vec![doc! {"$out": {"db": &b, "coll": "out"}}])
+        .await
+        .unwrap();
+    assert_eq!(
+        epoch_of(b.clone(), "__laconic_mark", "mark").await,
+        group_epoch,
+        "{b} took documents of the group's dictionary by $out"
+    );
+}
+
+/// What a pipeline makes on a database nothing tokenizes (`admin`) is
+/// stored as it is: an `$out` of it into a tokenized collection is
+/// refused, naming the stage, where before it stored full names a query
+/// through the proxy would not find.
+#[tokio::test]
+async fn output_from_an_untokenized_database_into_a_tokenized_one_is_refused() {
+    let Group { a, groups, .. } = fresh_group("xadm").await;
+    let proxy = proxy_with(groups).await;
+    let err = common::via_proxy(&proxy)
+        .await
+        .database("admin")
+        .run_command(doc! {
+            "aggregate": 1,
+            "pipeline": [{"$documents": [{"_id": 1, "customerName": "Ann"}]}, {"$out": {"db": &a, "coll": "c"}}],
+            "cursor": {},
+        })
+        .await
+        .unwrap_err();
+    let e = common::command_error(err);
+    assert_eq!(e.code, 115, "{}", e.message);
+    assert_eq!(
+        e.message,
+        format!("laconic: $out into {a}.c cannot be rewritten: its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])")
+    );
+    assert!(common::stored(&a, "c").await.is_empty());
+}

@@ -647,17 +647,9 @@ impl Mapper<'_> {
             ),
             _ => return Ok(()),
         };
-        let target = self.policies.get(&db, &coll);
-        let same_dictionary = self.policies.same_dictionary(&db, self.db);
-        if (same_dictionary && target == self.policy)
-            || (!same_dictionary && !self.policies.applies_to(&db) && !self.policy.is_active())
-        {
+        let source = Some(self.policy).filter(|p| p.is_active());
+        let Some(why) = self.policies.unlike((self.db, source), &db, &coll) else {
             return Ok(());
-        }
-        let why = if same_dictionary {
-            "its collection's tokenize settings differ from the source's"
-        } else {
-            "its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])"
         };
         Err(ProxyError::Unsupported(format!(
             "{stage} into {db}.{coll} cannot be rewritten: {why}"
