@@ -86,7 +86,9 @@ pub enum StoreCommand {
         db: String,
     },
     /// Give DB a dictionary although it holds documents (they predate
-    /// Laconic); refused if any of them holds keys that read as tokens.
+    /// Laconic); refused if any of them holds keys that read as tokens. A
+    /// database that shares a group's dictionary (--config) is marked with
+    /// it instead, under the same check.
     Init {
         #[command(flatten)]
         target: StoreTarget,

@@ -142,9 +142,15 @@ async fn store(cmd: StoreCommand) -> anyhow::Result<()> {
             cap,
             force,
         } => {
-            tool::own_dictionary(&policies(&target)?, &db)?;
-            tool::init(&client(&target).await?, &db, cap, force).await?;
-            println!("{db} has a dictionary now");
+            let policies = policies(&target)?;
+            let home = policies.scope_of(&db);
+            if home == db {
+                tool::init(&client(&target).await?, &db, cap, force).await?;
+                println!("{db} has a dictionary now");
+            } else {
+                tool::adopt_member(&client(&target).await?, &policies, &db, force).await?;
+                println!("{db} is marked with the dictionary of {home} now");
+            }
         }
     }
     Ok(())

@@ -151,16 +151,16 @@ impl Exchange {
         let mut gate = Gate::Rewrite;
         let mut renamed = None;
         // The tokenized databases the command's names belong to, read once;
-        // and those it moves stored documents from and into besides.
-        let (dbs, moved) = self.frame.op_msg().map_or_else(Default::default, |m| {
+        // and those it reads or moves stored documents from and into besides.
+        let (dbs, reached) = self.frame.op_msg().map_or_else(Default::default, |m| {
             (
                 rewrite::token_databases(m, &ctx.rewrite),
-                rewrite::moved(m, &ctx.rewrite),
+                rewrite::reached(m, &ctx.rewrite),
             )
         });
         // Every one of them must have a sound dictionary.
         let mut touched = dbs.clone();
-        for db in moved.from.iter().chain(&moved.into) {
+        for db in reached.read.iter().chain(&reached.into) {
             if !touched.contains(db) {
                 touched.push(db.clone());
             }
@@ -233,7 +233,7 @@ impl Exchange {
         }
         if gate == Gate::Rewrite {
             if let Some(f) = self
-                .rewritten(ctx, state, leg, &dbs, (&touched, &moved.into))
+                .rewritten(ctx, state, leg, &dbs, (&touched, &reached.into))
                 .await?
             {
                 return self.forward(ctx, f);
@@ -287,8 +287,7 @@ impl Exchange {
                     }
                 }
             }
-            tokens::claim(ctx, dbs, &self.command).await?;
-            tokens::claim_moved_into(ctx, into).await?;
+            tokens::claim(ctx, (dbs, &self.command), into).await?;
             migration::convert_ahead(ctx, &self.frame, &self.command).await?;
             if tokens::still_current(ctx, touched, marks, admitted).await? {
                 self.plan = rewritten.plan;

@@ -110,39 +110,25 @@ pub(super) fn stale(dbs: &[String]) -> ProxyError {
 /// Before a command that stores documents is forwarded: a tokenized database
 /// it writes that has no dictionary yet gets one, tokens needed or not, and
 /// a group's member a mark naming the group's dictionary
-/// ([`crate::token::store::NameStore::claim`]).
+/// ([`crate::token::store::NameStore::claim`]). `dbs` are the databases
+/// its names belong to, claimed if the catalogue says `command` stores
+/// documents (asked only where one needs a claim); `into`, those it moves
+/// stored documents into besides ([`crate::rewrite::reached`]), which it writes
+/// whatever the command (a `renameCollection` is no write of the
+/// catalogue's).
 pub(super) async fn claim(
     ctx: &ProxyContext,
-    dbs: &[String],
-    command: &str,
+    (dbs, command): (&[String], &str),
+    into: &[String],
 ) -> Result<(), ProxyError> {
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(());
     };
     let stores =
         || catalogue::lookup(command).is_some_and(|e| e.stores != catalogue::Stores::Nothing);
-    for db in dbs {
-        if (!t.store.exists(db) || t.store.unmarked(db)) && stores() {
-            let trips = t.store.claim(db).await?.0;
-            ctx.metrics.store_round_trips(trips);
-        }
-    }
-    Ok(())
-}
-
-/// Before a command that moves stored documents into other databases is
-/// forwarded ([`crate::rewrite::moved`]): each gets a dictionary, or as a
-/// group's member a mark naming the group's, as a write would, whatever
-/// the command (a `renameCollection` is no write of the catalogue's).
-pub(super) async fn claim_moved_into(
-    ctx: &ProxyContext,
-    into: &[String],
-) -> Result<(), ProxyError> {
-    let Some(t) = &ctx.rewrite.tokens else {
-        return Ok(());
-    };
-    for db in into {
-        if !t.store.exists(db) || t.store.unmarked(db) {
+    let named = dbs.iter().map(|db| (db, true));
+    for (db, own) in named.chain(into.iter().map(|db| (db, false))) {
+        if (!t.store.exists(db) || t.store.unmarked(db)) && (!own || stores()) {
             let trips = t.store.claim(db).await?.0;
             ctx.metrics.store_round_trips(trips);
         }

@@ -79,32 +79,82 @@ pub fn check(m: &OpMsg, policies: &Policies) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// The tokenized databases whose stored documents a command moves as
-/// they are, other than through the mapper: where they come from (whose
-/// dictionary must be sound), and where they go (which the documents then
-/// hold: a group's member is marked before they are sent).
+/// The tokenized databases a command reaches besides its `$db`: whose
+/// documents it reads or moves as they are (their dictionary must be
+/// sound: a member refused for its mark is refused here too), and those it
+/// moves documents into (which then hold them: a group's member is marked
+/// before they are sent).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Moved {
-    pub from: Vec<String>,
+pub struct Reached {
+    pub read: Vec<String>,
     pub into: Vec<String>,
 }
 
-/// [`Moved`] for a command admitted by [`check`]. An aggregation's
-/// `$out`/`$merge` counts too: its documents go into the target database.
-pub fn moved(m: &OpMsg, policies: &Policies) -> Moved {
-    let mut moved = Moved::default();
-    for mv in moves(m) {
-        if let Source::Namespace(db, _) = mv.from {
-            if policies.applies_to(db) && !moved.from.iter().any(|d| d == db) {
-                moved.from.push(db.to_owned());
-            }
-        }
-        let into = mv.into.0;
-        if policies.applies_to(into) && !moved.into.iter().any(|d| d == into) {
-            moved.into.push(into.to_owned());
+impl Reached {
+    fn add(list: &mut Vec<String>, db: &str, policies: &Policies) {
+        if policies.applies_to(db) && !list.iter().any(|d| d == db) {
+            list.push(db.to_owned());
         }
     }
-    moved
+}
+
+/// [`Reached`] for a command admitted by [`check`]: the namespaces a
+/// pipeline's `$lookup`, `$graphLookup` and `$unionWith` read from another
+/// database (at any depth), the sources and targets of [`Move`]s, and an
+/// aggregation's `$out`/`$merge` target.
+pub fn reached(m: &OpMsg, policies: &Policies) -> Reached {
+    let mut reached = Reached::default();
+    for mv in moves(m) {
+        if let Source::Namespace(db, _) = mv.from {
+            Reached::add(&mut reached.read, db, policies);
+        }
+        Reached::add(&mut reached.into, mv.into.0, policies);
+    }
+    let body = m.body();
+    if body.first().and_then(|e| e.name()) == Some("aggregate") {
+        if let Ok(pipeline) = body.get_array("pipeline") {
+            pipeline_reads(
+                pipeline,
+                &mut |db| Reached::add(&mut reached.read, db, policies),
+                0,
+            );
+        }
+    }
+    reached
+}
+
+/// Calls `read` with the database of every namespace `{db, coll}` a
+/// pipeline's stages read (sub-pipelines and `$facet`s included).
+fn pipeline_reads(pipeline: &bson::RawArray, read: &mut dyn FnMut(&str), depth: usize) {
+    if depth > crate::rewrite::MAX_DEPTH {
+        return;
+    }
+    for stage in pipeline.into_iter().flatten() {
+        let Some((name, RawBsonRef::Document(spec))) =
+            stage.as_document().and_then(|d| d.into_iter().next()?.ok())
+        else {
+            continue;
+        };
+        let namespace = match name {
+            "$lookup" | "$graphLookup" => spec.get_document("from").ok(),
+            "$unionWith" => Some(spec),
+            "$facet" => {
+                for (_, v) in spec.into_iter().flatten() {
+                    if let RawBsonRef::Array(sub) = v {
+                        pipeline_reads(sub, read, depth + 1);
+                    }
+                }
+                None
+            }
+            _ => None,
+        };
+        if let Some(db) = namespace.and_then(|ns| ns.get_str("db").ok()) {
+            read(db);
+        }
+        if let Ok(sub) = spec.get_array("pipeline") {
+            pipeline_reads(sub, read, depth + 1);
+        }
+    }
 }
 
 /// Documents a command puts into a collection as they are.
@@ -475,31 +525,40 @@ mod tests {
     }
 
     #[test]
-    fn the_databases_moved_between_are_the_tokenized_ones() {
-        let moved = |body| super::moved(&msg(body), &policies());
+    fn the_databases_reached_are_the_tokenized_ones() {
+        let reached = |body| super::reached(&msg(body), &policies());
+        let of = |read: &[&str], into: &[&str]| Reached {
+            read: read.iter().map(|d| (*d).to_owned()).collect(),
+            into: into.iter().map(|d| (*d).to_owned()).collect(),
+        };
         assert_eq!(
-            moved(doc! {"renameCollection": "a.c", "to": "b.c", "$db": "admin"}),
-            Moved {
-                from: vec!["a".into()],
-                into: vec!["b".into()]
-            }
+            reached(doc! {"renameCollection": "a.c", "to": "b.c", "$db": "admin"}),
+            of(&["a"], &["b"])
         );
         assert_eq!(
-            moved(
+            reached(
                 doc! {"aggregate": "c", "pipeline": [{"$out": {"db": "b", "coll": "o"}}], "cursor": {}, "$db": "a"}
             ),
-            Moved {
-                from: vec![],
-                into: vec!["b".into()]
-            }
+            of(&[], &["b"])
         );
         assert_eq!(
-            moved(doc! {"renameCollection": "admin.x", "to": "local.y", "$db": "admin"}),
-            Moved::default()
+            reached(doc! {"aggregate": "c", "pipeline": [
+                {"$lookup": {"from": {"db": "b", "coll": "x"}, "as": "j", "pipeline": [
+                    {"$unionWith": {"db": "s", "coll": "y"}},
+                    {"$unionWith": {"db": "local", "coll": "y"}},
+                ]}},
+                {"$facet": {"f": [{"$graphLookup": {"from": {"db": "t", "coll": "z"}}}]}},
+                {"$lookup": {"from": "same", "as": "k"}},
+            ], "cursor": {}, "$db": "a"}),
+            of(&["b", "s", "t"], &[])
         );
         assert_eq!(
-            moved(doc! {"insert": "c", "documents": [{"longName": 1}], "$db": "a"}),
-            Moved::default()
+            reached(doc! {"renameCollection": "admin.x", "to": "local.y", "$db": "admin"}),
+            Reached::default()
+        );
+        assert_eq!(
+            reached(doc! {"insert": "c", "documents": [{"longName": 1}], "$db": "a"}),
+            Reached::default()
         );
     }
 }

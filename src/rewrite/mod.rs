@@ -24,11 +24,11 @@ pub use command::{to_document, Command};
 use names::Misses;
 use shard_key::{ReplyNeeds, ShardKeys};
 
-pub use guard::Moved;
+pub use guard::Reached;
 pub use hello::{is_hello, MAX_WIRE_VERSION};
 pub use reply::{by_rules as reply_by_rules, reply, Replied, Room};
 pub use request::{
-    admit, inserted_bytes, moved, request, token_databases, whole_affordable, written_namespaces,
+    admit, inserted_bytes, reached, request, token_databases, whole_affordable, written_namespaces,
 };
 
 pub use walker::MAX_DEPTH;

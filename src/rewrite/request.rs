@@ -24,12 +24,12 @@ pub fn admit(frame: &Frame, settings: &Settings) -> Result<(), ProxyError> {
     }
 }
 
-/// The tokenized databases a request moves stored documents from and into
-/// besides its names' own ([`guard::moved`]).
-pub fn moved(m: &OpMsg, settings: &Settings) -> guard::Moved {
+/// The tokenized databases a request reads or moves stored documents
+/// from and into besides its names' own ([`guard::reached`]).
+pub fn reached(m: &OpMsg, settings: &Settings) -> guard::Reached {
     match &settings.tokens {
-        Some(t) => guard::moved(m, &t.policies),
-        None => guard::Moved::default(),
+        Some(t) => guard::reached(m, &t.policies),
+        None => guard::Reached::default(),
     }
 }
 

@@ -60,6 +60,12 @@ pub enum Integrity {
         expected: Epoch,
         found: Epoch,
     },
+    /// A database that shares a group's dictionary holds documents but no
+    /// mark: they were not written through Laconic with that dictionary
+    /// (every write through it marks the database first), and read with it
+    /// they could bear other names.
+    #[error("the database {db} holds documents but no mark of the dictionary it shares with the databases of its group, kept in {scope}: they were not written through Laconic with it (they predate Laconic, were written straight to the server, or were restored without their __laconic_mark collection), and read with it they could bear other names. Reads and writes of {db} are refused: restore the databases of the group together, or, if its documents predate Laconic (or were written with this dictionary by a build that did not mark them), adopt them with `laconic store init {db} --config <the proxies' configuration>`")]
+    Unmarked { db: String, scope: String },
     /// Documents were written while a new dictionary settled after a
     /// drop: by a proxy that still used the dropped one, or straight to
     /// the server. Read with the new one, they could bear other names.
@@ -103,6 +109,7 @@ impl Integrity {
             | Integrity::Format { scope, .. }
             | Integrity::UnknownTokens { scope, .. }
             | Integrity::Mismatch { scope, .. }
+            | Integrity::Unmarked { scope, .. }
             | Integrity::Refilled { scope } => scope,
         }
     }
@@ -117,6 +124,7 @@ impl Integrity {
             Integrity::Format { .. } => "format",
             Integrity::UnknownTokens { .. } => "unknown_tokens",
             Integrity::Mismatch { .. } => "mismatch",
+            Integrity::Unmarked { .. } => "unmarked",
             Integrity::Refilled { .. } => "refilled",
         }
     }

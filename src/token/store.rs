@@ -634,24 +634,25 @@ impl NameStore {
     }
 
     /// Reads a group member's mark and migration markers: its documents
-    /// must have been written with the group's dictionary.
+    /// must have been written with the group's dictionary. A member that
+    /// holds documents and no mark beside the group's dictionary is refused
+    /// ([`Integrity::Unmarked`]); its mark is read once more before, since
+    /// a proxy's first write marks a member just before its documents go.
     async fn read_member(&self, db: &str, scope: &str) -> Result<usize, StoreError> {
         let began = Instant::now();
-        let docs: Vec<Document> = within_lease("aggregate", async {
-            self.db(db)
-                .collection::<Document>(MARK_COLLECTION)
-                .aggregate(vec![
-                    doc! {"$match": {"_id": "mark"}},
-                    doc! {"$set": {"_id": "__mark"}},
-                    doc! {"$unionWith": {"coll": COLLECTION, "pipeline": [{"$match": {"_id": {"$regex": "^migration/"}}}]}},
-                ])
-                .await
-                .map_err(|e| StoreError::from_driver("aggregate", e))?
-                .try_collect()
-                .await
-                .map_err(|e| StoreError::from_driver("aggregate", e))
-        })
-        .await?;
+        let marked = |docs: &[Document]| docs.iter().any(|d| d.get_str("_id") == Ok("__mark"));
+        let mut docs = self.member_records(db).await?;
+        let mut trips = 1;
+        let mut unmarked = false;
+        let beside = matches!(&*self.scope(scope).state.read(), State::Ready(_));
+        if beside && !marked(&docs) {
+            trips += 1;
+            if self.db_has_documents(db).await? {
+                docs = self.member_records(db).await?;
+                trips += 1;
+                unmarked = !marked(&docs);
+            }
+        }
         self.note_migrations(db, &docs);
         let mark = docs
             .iter()
@@ -659,6 +660,10 @@ impl NameStore {
             .and_then(parse_mark);
         let recorded = mark.map(|m| m.epoch);
         let verdict = match (recorded, &*self.scope(scope).state.read()) {
+            _ if unmarked => Some(Integrity::Unmarked {
+                db: db.to_owned(),
+                scope: scope.to_owned(),
+            }),
             (Some(expected), State::Ready(d)) if d.epoch != expected => Some(Integrity::Mismatch {
                 db: db.to_owned(),
                 scope: scope.to_owned(),
@@ -678,7 +683,26 @@ impl NameStore {
             mark,
         };
         self.inner.members.insert(db.to_owned(), member);
-        Ok(1)
+        Ok(trips)
+    }
+
+    /// A member's mark (as `_id: "__mark"`) and migration markers.
+    async fn member_records(&self, db: &str) -> Result<Vec<Document>, StoreError> {
+        within_lease("aggregate", async {
+            self.db(db)
+                .collection::<Document>(MARK_COLLECTION)
+                .aggregate(vec![
+                    doc! {"$match": {"_id": "mark"}},
+                    doc! {"$set": {"_id": "__mark"}},
+                    doc! {"$unionWith": {"coll": COLLECTION, "pipeline": [{"$match": {"_id": {"$regex": "^migration/"}}}]}},
+                ])
+                .await
+                .map_err(|e| StoreError::from_driver("aggregate", e))?
+                .try_collect()
+                .await
+                .map_err(|e| StoreError::from_driver("aggregate", e))
+        })
+        .await
     }
 
     async fn reload(&self, scope: &str, share: bool) -> Result<RoundTrips, StoreError> {

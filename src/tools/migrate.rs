@@ -101,7 +101,19 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
         // its dictionary now, whatever it holds.
         store.init(&opts.db, "adopted").await?;
     }
-    store.dictionary(&opts.db)?;
+    if !opts.reverse && !opts.dry_run && store.unmarked(&opts.db) {
+        // So does a group's member: it is marked with the group's
+        // dictionary, which its documents hold from now on.
+        store.claim(&opts.db).await?;
+        store.refresh(&opts.db).await?;
+    }
+    match store.dictionary(&opts.db) {
+        // A member that migrating would adopt.
+        Err(crate::token::Integrity::Unmarked { .. }) if opts.dry_run => {}
+        other => {
+            other?;
+        }
+    }
     let index_plan = index_plan(
         &db,
         &opts.collection,

@@ -10,7 +10,8 @@
 //!   dictionary, or keys stored before Laconic that begin with a control
 //!   byte) and unknown value tokens; it fails if it finds any.
 //! - `stats DB` and `init DB` (adopt a database whose documents predate
-//!   Laconic: it gets a dictionary although it holds documents).
+//!   Laconic: it gets a dictionary although it holds documents; a group's
+//!   member holding documents and no mark is marked with the group's).
 //!
 //! `verify` and `stats` read a database that shares a group's dictionary
 //! (`[[proxy.tokenize.dictionaries]]`, given with the proxies'
@@ -303,7 +304,7 @@ async fn read_dictionary(
 }
 
 /// Refuses `db` where it shares a group's dictionary under `policies`:
-/// `export`, `import` and `init` work on the group's home, which keeps it.
+/// `export` and `import` work on the group's home, which keeps it.
 pub fn own_dictionary(policies: &Policies, db: &str) -> Result<(), ToolError> {
     match policies.scope_of(db) {
         home if home != db => Err(ToolError::Refused(format!(
@@ -375,6 +376,50 @@ async fn mark_line(client: &Client, db: &str) -> Result<String, ToolError> {
             m.get_i64("values").unwrap_or(0)
         )
     }))
+}
+
+/// Adopts a database that shares a group's dictionary, holds documents and
+/// no mark (the proxies refuse it: [`crate::token::Integrity::Unmarked`]):
+/// marks it with the group's dictionary, so that they read it with that
+/// one. Refused if the group has no dictionary yet (its home is given one
+/// first), if the database is marked already, and, unless `force`, if a
+/// document holds keys that read as tokens (written with some dictionary,
+/// maybe another one).
+pub async fn adopt_member(
+    client: &Client,
+    policies: &Policies,
+    db: &str,
+    force: bool,
+) -> Result<(), ToolError> {
+    let home = policies.scope_of(db);
+    let mark = database(client, db)
+        .collection::<Document>(MARK_COLLECTION)
+        .find_one(doc! {"_id": "mark"})
+        .await?;
+    if let Some(epoch) = mark.and_then(|m| Epoch::from_bson(m.get("epoch"))) {
+        return Err(ToolError::Refused(format!(
+            "{db} is marked already, with dictionary {epoch}"
+        )));
+    }
+    let store = NameStore::new(client.clone(), 1000, policies.clone());
+    store.refresh(home).await?;
+    if !store.exists(home) {
+        return Err(ToolError::Refused(format!(
+            "the dictionary {db} shares with its group, kept in {home}, does not exist: give {home} one first (`laconic store init {home}`)"
+        )));
+    }
+    if !force {
+        let v = verify(client, &Policies::default(), db, None).await?;
+        if !v.ok() {
+            return Err(ToolError::Refused(format!(
+                "{} documents of {db} hold keys that read as tokens ({}): if they were written through Laconic with the dictionary of {home}, give --force after checking them with `laconic store verify {db} --config …`; if they predate it, rename those keys",
+                v.bad_documents,
+                v.examples.join("; ")
+            )));
+        }
+    }
+    store.claim(db).await?;
+    Ok(())
 }
 
 /// Gives a database whose documents predate Laconic a dictionary. Refused

@@ -89,6 +89,16 @@ async fn insert_via(proxy: &laconic::downstream::ProxyHandle, db: &str, d: Docum
         .unwrap();
 }
 
+/// `laconic store ARGS --uri <the upstream>`.
+fn tool(args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
+    c.args(["store"])
+        .args(args)
+        .args(["--uri", &common::upstream().uri])
+        .env("RUST_BACKTRACE", "0");
+    c
+}
+
 /// The operations of the cross-database bulkWrite, for the databases `a`
 /// and `b`: inserts, an upsert, an update, a delete, and a duplicate key
 /// in `a` at index 5.
@@ -648,14 +658,6 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
     insert_via(&proxy, &group.a, doc! {"_id": 1, "customerName": "Ann"}).await;
     let config = group.config_file();
     let (home, a) = (&group.home, &group.a);
-    let tool = |args: &[&str]| {
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"));
-        c.args(["store"])
-            .args(args)
-            .args(["--uri", &common::upstream().uri])
-            .env("RUST_BACKTRACE", "0");
-        c
-    };
     let config = config.as_str();
     let out = common::run_ok(tool(&["verify", "--config", config, a])).await;
     assert!(
@@ -670,16 +672,17 @@ async fn the_store_tools_read_a_member_with_its_group_dictionary() {
         )),
         "{out}"
     );
-    for command in ["export", "init"] {
+    for (command, refused) in [
+        (
+            "export",
+            format!("{a} shares the dictionary of its group, kept in {home}: name {home}"),
+        ),
+        ("init", format!("{a} is marked already, with dictionary ")),
+    ] {
         let out = tool(&[command, "--config", config, a]).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{command}: {stderr}");
-        assert!(
-            stderr.contains(&format!(
-                "{a} shares the dictionary of its group, kept in {home}: name {home}"
-            )),
-            "{command}: {stderr}"
-        );
+        assert!(stderr.contains(&refused), "{command}: {stderr}");
     }
     for command in ["verify", "stats"] {
         let out = tool(&[command, a]).output().unwrap();
@@ -852,4 +855,99 @@ async fn output_from_an_untokenized_database_into_a_tokenized_one_is_refused() {
         format!("laconic: $out into {a}.c cannot be rewritten: its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])")
     );
     assert!(common::stored(&a, "c").await.is_empty());
+}
+
+/// A member that holds documents and no mark, beside its group's
+/// dictionary, was not written through Laconic with it: it is refused
+/// (reads and writes) until `laconic store init MEMBER --config` adopts it.
+/// Before, restored without its mark beside a dictionary made anew, it was
+/// read with that one: `{customerName: "Ann"}` came back
+/// `{anotherName: "Ann"}`.
+#[tokio::test]
+async fn a_member_holding_documents_without_a_mark_is_refused_until_adopted() {
+    let group = fresh_group("xunm").await;
+    let (home, a, b) = (&group.home, &group.a, &group.b);
+    let direct = common::direct().await;
+    let proxy = proxy_with(group.groups.clone()).await;
+    insert_via(&proxy, b, doc! {"_id": 1, "customerName": "Ann"}).await;
+    // The group's dictionary is made anew, with another name first; `b`'s
+    // documents come back without their mark.
+    let kept = common::stored(b, "c").await;
+    for db in [home, a, b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    let fresh = proxy_with(group.groups.clone()).await;
+    insert_via(&fresh, a, doc! {"_id": 2, "anotherName": "Bob"}).await;
+    direct
+        .database(b)
+        .collection::<Document>("c")
+        .insert_many(kept)
+        .await
+        .unwrap();
+    let refused = |e: mongodb::error::CommandError| {
+        assert!(
+            e.message.starts_with(&format!(
+                "laconic: the database {b} holds documents but no mark of the dictionary it shares with the databases of its group, kept in {home}"
+            )) && e.message.contains(&format!("`laconic store init {b} --config")),
+            "{}",
+            e.message
+        );
+    };
+    let client = common::via_proxy(&proxy_with(group.groups.clone()).await).await;
+    refused(read_refused(&client, b).await);
+    let write = client
+        .database(b)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 3, "customerName": "Cy"})
+        .await
+        .unwrap_err();
+    let e = common::command_error(write);
+    assert_eq!(e.code, 301);
+    refused(e);
+    // So is a pipeline of another member that reads it.
+    let joined = client
+        .database(a)
+        .collection::<Document>("c")
+        .aggregate(vec![
+            doc! {"$lookup": {"from": {"db": b, "coll": "c"}, "pipeline": [], "as": "joined"}},
+        ])
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    let e = common::command_error(joined);
+    assert_eq!(e.code, 301);
+    refused(e);
+    // Its keys read as tokens: adopting it needs --force.
+    let config = group.config_file();
+    let out = tool(&["init", "--config", &config, b]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("1 documents of {b} hold keys that read as tokens")),
+        "{stderr}"
+    );
+
+    // Documents that predate Laconic are adopted, and then read.
+    direct.database(b).drop().await.unwrap();
+    direct
+        .database(b)
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 4, "plainName": "Di"})
+        .await
+        .unwrap();
+    let client = common::via_proxy(&proxy_with(group.groups.clone()).await).await;
+    refused(read_refused(&client, b).await);
+    let out = common::run_ok(tool(&["init", "--config", &config, b])).await;
+    assert_eq!(
+        out,
+        format!("{b} is marked with the dictionary of {home} now\n")
+    );
+    let client = common::via_proxy(&proxy_with(group.groups.clone()).await).await;
+    let read = client
+        .database(b)
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(read, Some(doc! {"_id": 4, "plainName": "Di"}));
 }
