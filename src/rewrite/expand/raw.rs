@@ -377,13 +377,19 @@ fn rename(
 /// benchmark's cursor batch, whose documents each hold an array of strings.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn scalars(array: &[u8]) -> bool {
-    elements(array).all(|e| {
-        e.is_ok_and(|e| match e.kind {
-            0x03 | 0x04 => false,
-            0x05 => e.value.get(4) != Some(&VALUE_SUBTYPE),
-            _ => true,
-        })
-    })
+    // A loop, not `all`: the closure's `try_fold` was left a call of its
+    // own, apart from the walk.
+    for e in elements(array) {
+        match e {
+            Ok(e) => match e.kind {
+                0x03 | 0x04 => return false,
+                0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => return false,
+                _ => {}
+            },
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Whether anything in a reply needs expanding: a key that is a token or
