@@ -290,11 +290,7 @@ async fn read_dictionary(
     store.refresh(db).await?;
     let scope = policies.scope_of(db);
     if scope == db && !store.exists(db) {
-        let mark = database(client, db)
-            .collection::<Document>(MARK_COLLECTION)
-            .find_one(doc! {"_id": "mark"})
-            .await?;
-        if let Some(epoch) = mark.and_then(|m| Epoch::from_bson(m.get("epoch"))) {
+        if let Some(epoch) = marked_with(client, db).await? {
             return Err(ToolError::Refused(format!(
                 "{db} has no dictionary of its own, and its mark names dictionary {epoch}: it shares the dictionary of a group, kept in another database; give the proxies' configuration (--config), whose [[proxy.tokenize.dictionaries]] name it"
             )));
@@ -363,12 +359,24 @@ pub async fn stats(client: &Client, policies: &Policies, db: &str) -> Result<Str
         ))
 }
 
-/// What the mark kept in `db` says.
-async fn mark_line(client: &Client, db: &str) -> Result<String, ToolError> {
-    let mark = database(client, db)
+/// The mark kept in `db`, if any.
+async fn read_mark(client: &Client, db: &str) -> Result<Option<Document>, ToolError> {
+    Ok(database(client, db)
         .collection::<Document>(MARK_COLLECTION)
         .find_one(doc! {"_id": "mark"})
-        .await?;
+        .await?)
+}
+
+/// The dictionary the mark kept in `db` names, if any.
+async fn marked_with(client: &Client, db: &str) -> Result<Option<Epoch>, ToolError> {
+    Ok(read_mark(client, db)
+        .await?
+        .and_then(|m| Epoch::from_bson(m.get("epoch"))))
+}
+
+/// What the mark kept in `db` says.
+async fn mark_line(client: &Client, db: &str) -> Result<String, ToolError> {
+    let mark = read_mark(client, db).await?;
     Ok(mark.map_or("none".into(), |m| {
         format!(
             "{} names and {} values given out",
@@ -392,11 +400,7 @@ pub async fn adopt_member(
     force: bool,
 ) -> Result<(), ToolError> {
     let home = policies.scope_of(db);
-    let mark = database(client, db)
-        .collection::<Document>(MARK_COLLECTION)
-        .find_one(doc! {"_id": "mark"})
-        .await?;
-    if let Some(epoch) = mark.and_then(|m| Epoch::from_bson(m.get("epoch"))) {
+    if let Some(epoch) = marked_with(client, db).await? {
         return Err(ToolError::Refused(format!(
             "{db} is marked already, with dictionary {epoch}"
         )));
@@ -409,17 +413,24 @@ pub async fn adopt_member(
         )));
     }
     if !force {
-        let v = verify(client, &Policies::default(), db, None).await?;
-        if !v.ok() {
-            return Err(ToolError::Refused(format!(
-                "{} documents of {db} hold keys that read as tokens ({}): if they were written through Laconic with the dictionary of {home}, give --force after checking them with `laconic store verify {db} --config …`; if they predate it, rename those keys",
-                v.bad_documents,
-                v.examples.join("; ")
-            )));
-        }
+        no_token_keys(client, db, &format!("if they were written through Laconic with the dictionary of {home}, give --force after checking them with `laconic store verify {db} --config …`; if they predate it, rename those keys")).await?;
     }
     store.claim(db).await?;
     Ok(())
+}
+
+/// Refuses `db` if a document holds keys that read as tokens (read
+/// against no dictionary), with `advice`.
+async fn no_token_keys(client: &Client, db: &str, advice: &str) -> Result<(), ToolError> {
+    let v = verify(client, &Policies::default(), db, None).await?;
+    if v.ok() {
+        return Ok(());
+    }
+    Err(ToolError::Refused(format!(
+        "{} documents of {db} hold keys that read as tokens ({}): {advice}",
+        v.bad_documents,
+        v.examples.join("; ")
+    )))
 }
 
 /// Gives a database whose documents predate Laconic a dictionary. Refused
@@ -435,14 +446,7 @@ pub async fn init(client: &Client, db: &str, cap: usize, force: bool) -> Result<
         return Err(ToolError::Refused(format!("{db} already has a dictionary")));
     }
     if !force {
-        let v = verify(client, &Policies::default(), db, None).await?;
-        if !v.ok() {
-            return Err(ToolError::Refused(format!(
-                "{} documents of {db} hold keys that read as tokens ({}): if they were written through Laconic, restore their dictionary instead; if they predate it, rename those keys (or give --force)",
-                v.bad_documents,
-                v.examples.join("; ")
-            )));
-        }
+        no_token_keys(client, db, "if they were written through Laconic, restore their dictionary instead; if they predate it, rename those keys (or give --force)").await?;
     }
     let store = NameStore::new(client.clone(), cap, Policies::default());
     store.init(db, "adopted").await?;

@@ -738,6 +738,16 @@ async fn a_member_migrated_with_known_names_alone_is_marked() {
     assert_eq!(marks, 1, "{b} holds the group's tokens without a mark");
 }
 
+/// Asserts that `what` was refused (115) for its target's dictionary.
+fn refused_for_another_dictionary(result: mongodb::error::Result<Document>, what: &str) {
+    let e = common::command_error(result.unwrap_err());
+    assert_eq!(e.code, 115, "{}", e.message);
+    assert_eq!(
+        e.message,
+        format!("laconic: {what} cannot be rewritten: its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])")
+    );
+}
+
 /// A `renameCollection` into another database moves stored documents as
 /// they are: into a database with a dictionary of its own it is refused
 /// (the documents would read back under its names), and into another
@@ -764,14 +774,10 @@ async fn a_collection_renamed_into_another_database_keeps_its_names() {
         }
     };
 
-    let err = rename(format!("{a}.c"), format!("{single}.moved"))
-        .await
-        .unwrap_err();
-    let e = common::command_error(err);
-    assert_eq!(e.code, 115, "{}", e.message);
-    assert_eq!(
-        e.message,
-        format!("laconic: renameCollection from {a}.c to {single}.moved cannot be rewritten: its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])")
+    let err = rename(format!("{a}.c"), format!("{single}.moved")).await;
+    refused_for_another_dictionary(
+        err,
+        &format!("renameCollection from {a}.c to {single}.moved"),
     );
     let in_single = direct
         .database(&single)
@@ -846,14 +852,8 @@ async fn output_from_an_untokenized_database_into_a_tokenized_one_is_refused() {
             "pipeline": [{"$documents": [{"_id": 1, "customerName": "Ann"}]}, {"$out": {"db": &a, "coll": "c"}}],
             "cursor": {},
         })
-        .await
-        .unwrap_err();
-    let e = common::command_error(err);
-    assert_eq!(e.code, 115, "{}", e.message);
-    assert_eq!(
-        e.message,
-        format!("laconic: $out into {a}.c cannot be rewritten: its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])")
-    );
+        .await;
+    refused_for_another_dictionary(err, &format!("$out into {a}.c"));
     assert!(common::stored(&a, "c").await.is_empty());
 }
 
