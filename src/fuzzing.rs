@@ -98,6 +98,10 @@ pub fn request(data: &[u8]) {
     body.append("$db", "app");
     let m = OpMsg::from_body(MsgFlags::default(), &body);
     let policies = Policies::new(policy());
+    // What the proxy refuses before rewriting, and the databases it
+    // reaches: answered, whatever the command holds.
+    let _ = crate::rewrite::guard::check(&m, &policies);
+    let _ = crate::rewrite::guard::reached(&m, &policies);
     let dict = dictionary(&[]);
     let owned = Command::from_msg(&m).and_then(|mut cmd| {
         mapper::command(&mut cmd, "app", &policies, Lookup::of(&dict))?;

@@ -9,7 +9,7 @@ pub mod catalogue;
 mod command;
 pub mod cursor;
 pub mod expand;
-mod guard;
+pub(crate) mod guard;
 mod hello;
 pub mod mapper;
 pub mod names;
