@@ -115,7 +115,7 @@ pub(super) fn stale(dbs: &[String]) -> ProxyError {
 /// documents (asked only where one needs a claim); `into`, those it moves
 /// stored documents into besides ([`crate::rewrite::reached`]), which it writes
 /// whatever the command (a `renameCollection` is no write of the
-/// catalogue's).
+/// catalogue's). A write to a member is noted ([`crate::token::NameStore::wrote`]).
 pub(super) async fn claim(
     ctx: &ProxyContext,
     (dbs, command): (&[String], &str),
@@ -128,9 +128,14 @@ pub(super) async fn claim(
         || catalogue::lookup(command).is_some_and(|e| e.stores != catalogue::Stores::Nothing);
     let named = dbs.iter().map(|db| (db, true));
     for (db, own) in named.chain(into.iter().map(|db| (db, false))) {
-        if (!t.store.exists(db) || t.store.unmarked(db)) && (!own || stores()) {
-            let trips = t.store.claim(db).await?.0;
-            ctx.metrics.store_round_trips(trips);
+        let needed = !t.store.exists(db) || t.store.unmarked(db);
+        let member = t.policies.scope_of(db) != db;
+        if (needed || member) && (!own || stores()) {
+            if needed {
+                let trips = t.store.claim(db).await?.0;
+                ctx.metrics.store_round_trips(trips);
+            }
+            t.store.wrote(db);
         }
     }
     Ok(())

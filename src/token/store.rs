@@ -178,6 +178,14 @@ pub const READY_WITHIN: Duration = Duration::from_secs(1);
 /// ([`Integrity::Refilled`]) instead of being read under other names.
 pub const REFILL_NOTICE: Duration = MIGRATION_NOTICE;
 
+/// How long a proxy waits, from when it first finds a group's member
+/// holding documents and no mark, for the mark to come back before it
+/// refuses the member ([`Integrity::Unmarked`]). A proxy that had not yet
+/// learned that the member was dropped (through another proxy) writes it
+/// with the group's dictionary and no mark; it marks it again at its next
+/// read of the member, within a second with the default revalidation.
+pub const MARK_NOTICE: Duration = Duration::from_secs(3);
+
 /// The collection of `store_db` that records which databases have had a
 /// dictionary.
 pub const RECORDS: &str = "dictionaries";
@@ -195,6 +203,11 @@ impl ReadBegan {
     fn set(&self, began: Instant) {
         self.0
             .store(clock_ms(began), std::sync::atomic::Ordering::Release);
+    }
+
+    /// The moment, in ms of the process clock (0: never).
+    fn ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether it began less than [`VIEW_LEASE`] ago.
@@ -217,6 +230,10 @@ struct Member {
     read: ReadBegan,
     /// Its mark as last read or raised by this proxy.
     mark: Option<Mark>,
+    /// When this proxy last sent a write to it ([`NameStore::wrote`]).
+    wrote: ReadBegan,
+    /// Since when it has been found holding documents and no mark.
+    unmarked_since: Option<Instant>,
 }
 
 type Hasher = foldhash::quality::RandomState;
@@ -550,6 +567,9 @@ impl NameStore {
         if cell.held.load(std::sync::atomic::Ordering::Acquire) {
             trips.0 += self.until_settled(scope).await?.0;
         }
+        if scope != db {
+            trips.0 += self.until_marked(db, scope).await?.0;
+        }
         Ok(trips)
     }
 
@@ -640,14 +660,46 @@ impl NameStore {
     /// a proxy's first write marks a member just before its documents go.
     async fn read_member(&self, db: &str, scope: &str) -> Result<usize, StoreError> {
         let began = Instant::now();
+        // Whether this proxy wrote the member since it last read its mark,
+        // and since when it has found it unmarked.
+        let (wrote_since_read, wrote, since) =
+            self.inner.members.get(db).map_or((false, 0, None), |m| {
+                let wrote = m.wrote.ms();
+                (wrote != 0 && wrote >= m.read.ms(), wrote, m.unmarked_since)
+            });
         let marked = |docs: &[Document]| docs.iter().any(|d| d.get_str("_id") == Ok("__mark"));
         let mut docs = self.member_records(db).await?;
         let mut trips = 1;
         let mut unmarked = false;
-        let beside = matches!(&*self.scope(scope).state.read(), State::Ready(_));
-        if beside && !marked(&docs) {
+        let ready = match &*self.scope(scope).state.read() {
+            State::Ready(d) => Some(d.clone()),
+            _ => None,
+        };
+        if let Some(d) = ready.as_ref().filter(|_| !marked(&docs)) {
             trips += 1;
             if self.db_has_documents(db).await? {
+                if wrote_since_read {
+                    // This proxy wrote it, with the group's dictionary, while
+                    // it took the member for marked: it was dropped through
+                    // another proxy, and written again before this one
+                    // learned of it. Marked again, as that write would have.
+                    trips += 1;
+                    // (A mark of another identity, found meanwhile, is read
+                    // below and refuses the member.)
+                    self.coll_of_marks(db)
+                        .update_one(mark_filter(d), mark_raise(d))
+                        .upsert(true)
+                        .await
+                        .map(|_| ())
+                        .or_else(|e| {
+                            let e = StoreError::from_driver("update", e);
+                            if e.is_duplicate_key() {
+                                Ok(())
+                            } else {
+                                Err(e)
+                            }
+                        })?;
+                }
                 docs = self.member_records(db).await?;
                 trips += 1;
                 unmarked = !marked(&docs);
@@ -681,9 +733,45 @@ impl NameStore {
             refused: verdict,
             read: ReadBegan::at(began),
             mark,
+            wrote: ReadBegan(wrote.into()),
+            unmarked_since: unmarked.then(|| since.unwrap_or(began)),
         };
+        // A write noted while this read ran is kept.
+        let wrote_meanwhile = self.inner.members.get(db).map_or(0, |m| m.wrote.ms());
+        member
+            .wrote
+            .0
+            .fetch_max(wrote_meanwhile, std::sync::atomic::Ordering::AcqRel);
         self.inner.members.insert(db.to_owned(), member);
         Ok(trips)
+    }
+
+    /// Notes that a write to `db` is about to be sent: if `db` is a group's
+    /// member whose mark goes missing (dropped through another proxy before
+    /// this one learned of it), this proxy marks it again at its next read
+    /// of it, since it wrote it with the group's dictionary.
+    pub fn wrote(&self, db: &str) {
+        if let Some(m) = self.inner.members.get(db) {
+            m.wrote.set(Instant::now());
+        }
+    }
+
+    /// Waits, for [`MARK_NOTICE`] at most since this proxy first found
+    /// it so, while the member `db` holds documents and no mark: the proxy
+    /// that wrote them may not have learned yet that the member was
+    /// dropped, and marks it again at its next read.
+    async fn until_marked(&self, db: &str, scope: &str) -> Result<RoundTrips, StoreError> {
+        let mut trips = 0;
+        loop {
+            let since = self.inner.members.get(db).and_then(|m| m.unmarked_since);
+            match since {
+                Some(since) if since.elapsed() < MARK_NOTICE => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    trips += self.read_member(db, scope).await?;
+                }
+                _ => return Ok(RoundTrips(trips)),
+            }
+        }
     }
 
     /// A member's mark (as `_id: "__mark"`) and migration markers.

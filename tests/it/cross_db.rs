@@ -951,3 +951,41 @@ async fn a_member_holding_documents_without_a_mark_is_refused_until_adopted() {
         .unwrap();
     assert_eq!(read, Some(doc! {"_id": 4, "plainName": "Di"}));
 }
+
+/// A member dropped through one proxy and written at once through another,
+/// which has not yet read the store since (its view holds the member's
+/// mark): that write carries the group's tokens and no mark. The proxy
+/// that wrote it marks it again at its next read of the member (within a
+/// second), and the other waits for that before refusing: neither refuses
+/// it, and both read the document. (In a campaign of two proxies over a
+/// group, which drops the members at every seed, such a member was
+/// refused as unmarked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_dropped_through_one_proxy_and_written_through_another_stays_marked() {
+    let group = fresh_group("xdrop").await;
+    let b = &group.b;
+    let (pa, pb) = (
+        proxy_with(group.groups.clone()).await,
+        proxy_with(group.groups.clone()).await,
+    );
+    let (a_client, b_client) = (common::via_proxy(&pa).await, common::via_proxy(&pb).await);
+    insert_via(&pb, b, doc! {"_id": 1, "customerName": "Ann"}).await;
+    let read = |client: &mongodb::Client| {
+        let c = client.database(b).collection::<Document>("c");
+        async move { c.find_one(doc! {}).await }
+    };
+    assert!(read(&a_client).await.unwrap().is_some());
+    a_client.database(b).drop().await.unwrap();
+    insert_via(&pb, b, doc! {"_id": 2, "customerName": "Bob"}).await;
+    let bob = Some(doc! {"_id": 2, "customerName": "Bob"});
+    assert_eq!(read(&a_client).await.unwrap(), bob);
+    assert_eq!(read(&b_client).await.unwrap(), bob);
+    let mark = common::direct()
+        .await
+        .database(b)
+        .collection::<Document>("__laconic_mark")
+        .find_one(doc! {"_id": "mark"})
+        .await
+        .unwrap();
+    assert!(mark.is_some(), "{b} is marked again");
+}
