@@ -51,11 +51,16 @@ pub(super) async fn admit(
         return Ok(Gate::PassThrough);
     }
     for db in dbs {
-        let trips = t.store.ensure_loaded(db).await?.0;
+        let mut trips = t.store.ensure_loaded(db).await?.0;
+        let mut sound = t.store.dictionary(db).map(|_| ());
+        if let Err(Integrity::Unmarked { .. }) = sound {
+            trips += t.store.until_marked(db).await?.0;
+            sound = t.store.dictionary(db).map(|_| ());
+        }
         if trips > 0 {
             ctx.metrics.store_round_trips(trips);
         }
-        t.store.dictionary(db)?;
+        sound?;
     }
     Ok(Gate::Rewrite)
 }

@@ -567,9 +567,6 @@ impl NameStore {
         if cell.held.load(std::sync::atomic::Ordering::Acquire) {
             trips.0 += self.until_settled(scope).await?.0;
         }
-        if scope != db {
-            trips.0 += self.until_marked(db, scope).await?.0;
-        }
         Ok(trips)
     }
 
@@ -759,8 +756,10 @@ impl NameStore {
     /// Waits, for [`MARK_NOTICE`] at most since this proxy first found
     /// it so, while the member `db` holds documents and no mark: the proxy
     /// that wrote them may not have learned yet that the member was
-    /// dropped, and marks it again at its next read.
-    async fn until_marked(&self, db: &str, scope: &str) -> Result<RoundTrips, StoreError> {
+    /// dropped, and marks it again at its next read. (Requests wait; the
+    /// tools, which adopt such a member, do not.)
+    pub async fn until_marked(&self, db: &str) -> Result<RoundTrips, StoreError> {
+        let scope = self.inner.policies.scope_of(db);
         let mut trips = 0;
         loop {
             let since = self.inner.members.get(db).and_then(|m| m.unmarked_since);
