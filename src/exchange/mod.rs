@@ -158,11 +158,12 @@ impl Exchange {
                 rewrite::reached(m, &ctx.rewrite),
             )
         });
-        // Every one of them must have a sound dictionary.
-        let mut touched = dbs.clone();
+        // Every one of them must have a sound dictionary (most commands
+        // reach no other).
+        let mut touched = std::borrow::Cow::Borrowed(dbs.as_slice());
         for db in reached.read.iter().chain(&reached.into) {
             if !touched.contains(db) {
-                touched.push(db.clone());
+                touched.to_mut().push(db.clone());
             }
         }
         if let Message::Msg(m) = self.frame.message() {

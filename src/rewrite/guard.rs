@@ -210,7 +210,8 @@ fn moves(m: &OpMsg) -> Vec<Move<'_>> {
     let Some((name, first)) = body.first().and_then(|e| Some((e.name()?, e.str()))) else {
         return Vec::new();
     };
-    let db = body.str_field("$db").unwrap_or_default();
+    // Read only by the commands that need it: most commands move nothing.
+    let db = || body.str_field("$db").unwrap_or_default();
     match name {
         "renameCollection" => match (
             first.and_then(|n| n.split_once('.')),
@@ -226,23 +227,23 @@ fn moves(m: &OpMsg) -> Vec<Move<'_>> {
         "cloneCollectionAsCapped" => match (first, body.str_field("toCollection")) {
             (Some(c), Some(to)) => vec![Move {
                 command: name,
-                from: Source::Namespace(db, c),
-                into: (db, to),
+                from: Source::Namespace(db(), c),
+                into: (db(), to),
             }],
             _ => Vec::new(),
         },
-        "aggregate" => output(body, db)
+        "aggregate" => output(body, db())
             .map(|(stage, d, c)| Move {
                 command: stage,
-                from: Source::Made(db),
+                from: Source::Made(db()),
                 into: (d, c),
             })
             .into_iter()
             .collect(),
-        "mapReduce" | "mapreduce" => map_reduce_output(body, db)
+        "mapReduce" | "mapreduce" => map_reduce_output(body, db())
             .map(|into| Move {
                 command: "mapReduce",
-                from: Source::Made(db),
+                from: Source::Made(db()),
                 into,
             })
             .into_iter()
