@@ -36,10 +36,7 @@ pub(super) async fn admit(
     dbs: &[String],
     auth: &Auth,
 ) -> Result<Gate, ProxyError> {
-    let Some(t) = &ctx.rewrite.tokens else {
-        return Ok(Gate::Rewrite);
-    };
-    if dbs.is_empty() {
+    if ctx.rewrite.tokens.is_none() || dbs.is_empty() {
         return Ok(Gate::Rewrite);
     }
     if !auth.authenticated()
@@ -50,6 +47,17 @@ pub(super) async fn admit(
     {
         return Ok(Gate::PassThrough);
     }
+    sound(ctx, dbs).await?;
+    Ok(Gate::Rewrite)
+}
+
+/// Every one of `dbs` has a dictionary that may be used: read (once, then
+/// within the lease) and checked, or refused whole
+/// ([`crate::token::store::NameStore::dictionary`]).
+async fn sound(ctx: &ProxyContext, dbs: &[String]) -> Result<(), ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(());
+    };
     for db in dbs {
         let mut trips = t.store.ensure_loaded(db).await?.0;
         let mut sound = t.store.dictionary(db).map(|_| ());
@@ -62,7 +70,7 @@ pub(super) async fn admit(
         }
         sound?;
     }
-    Ok(Gate::Rewrite)
+    Ok(())
 }
 
 /// What the proxy knows of migrations, as of now: a command rewritten
@@ -235,6 +243,12 @@ pub(super) async fn expand(
     plan: &ReplyPlan,
     legs: &mut LegState,
 ) -> Result<Replied, ProxyError> {
+    // A cluster-wide stream's events are read with their databases'
+    // dictionaries, which the command did not name: each must pass the
+    // checks a read of its database does.
+    if let Some(t) = &ctx.rewrite.tokens {
+        sound(ctx, &rewrite::event_databases(&reply, plan, &t.policies)?).await?;
+    }
     match rewrite_reply(ctx, reply.clone(), plan, legs).await {
         Err(ProxyError::Dictionary(Integrity::UnknownTokens { scope, .. })) => {
             if let Some(t) = &ctx.rewrite.tokens {

@@ -26,7 +26,7 @@ use shard_key::{ReplyNeeds, ShardKeys};
 
 pub use guard::Reached;
 pub use hello::{is_hello, MAX_WIRE_VERSION};
-pub use reply::{by_rules as reply_by_rules, reply, Replied, Room};
+pub use reply::{by_rules as reply_by_rules, event_databases, reply, Replied, Room};
 pub use request::{
     admit, inserted_bytes, reached, request, token_databases, whole_affordable, written_namespaces,
 };

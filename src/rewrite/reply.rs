@@ -9,7 +9,7 @@ use super::{
 use crate::budget::{Budget, Share};
 use crate::error::ProxyError;
 use crate::rewrite::walker::{self, Fields};
-use crate::token::{Integrity, Tokens};
+use crate::token::{Integrity, Policies, Tokens};
 use crate::wire::{Frame, Message, MsgBody};
 
 /// A rewritten reply, the cursor documents it could not carry, and what it
@@ -170,14 +170,7 @@ pub fn by_rules(
     let Message::Msg(m) = frame.message() else {
         return Ok(frame.into());
     };
-    let inferred;
-    let kind = match rules.unknown_cursor {
-        true => {
-            inferred = cursor::kind_of_unknown(m.body(), &rules.kind)?;
-            &inferred
-        }
-        false => &rules.kind,
-    };
+    let kind = &*kind_of(m.body(), rules)?;
     // Tokens first, raw bytes to raw bytes, so that shard-key rules
     // see logical names.
     if kind.strings != expand::Strings::Data {
@@ -268,6 +261,62 @@ pub fn by_rules(
     })
 }
 
+/// How a reply's batch is read: as the request's rules say, or, for a
+/// cursor this proxy did not see opened, as the reply says.
+fn kind_of<'r>(
+    body: &bson::RawDocument,
+    rules: &'r ReplyRules,
+) -> Result<std::borrow::Cow<'r, CursorKind>, ProxyError> {
+    Ok(match rules.unknown_cursor {
+        true => std::borrow::Cow::Owned(cursor::kind_of_unknown(body, &rules.kind)?),
+        false => std::borrow::Cow::Borrowed(&rules.kind),
+    })
+}
+
+/// The database whose dictionary a cluster-wide change stream's event is
+/// expanded with: its `ns.db`, if the policies tokenize it.
+fn event_database<'e>(event: &'e bson::RawDocument, policies: &Policies) -> Option<&'e str> {
+    event
+        .doc_field("ns")?
+        .str_field("db")
+        .filter(|db| policies.applies_to(db))
+}
+
+/// The databases a reply is expanded with besides those its command named
+/// (which were admitted with the command): each event's, in the batch of
+/// a cluster-wide change stream. Their dictionaries must pass the checks a
+/// read of each database does before they are used: a member of a group
+/// that holds documents without its mark, say, is refused there, and its
+/// events must not be read with the group's dictionary either.
+pub fn event_databases(
+    frame: &Frame,
+    plan: &ReplyPlan,
+    policies: &Policies,
+) -> Result<Vec<String>, ProxyError> {
+    let (ReplyPlan::Rewrite(rules), Some(m)) = (plan, frame.op_msg()) else {
+        return Ok(Vec::new());
+    };
+    if kind_of(m.body(), rules)?.expand != Some(Expansion::PerEvent) {
+        return Ok(Vec::new());
+    }
+    let Some(cursor) = m.body().doc_field("cursor") else {
+        return Ok(Vec::new());
+    };
+    let mut dbs: Vec<String> = Vec::new();
+    for batch in ["firstBatch", "nextBatch"] {
+        let Some(b) = cursor.field(batch).filter(|b| b.kind == ARRAY) else {
+            continue;
+        };
+        for item in walker::elements(b.value).map_while(Result::ok) {
+            let db = item.document().and_then(|e| event_database(e, policies));
+            if let Some(db) = db.filter(|db| !dbs.iter().any(|d| d == db)) {
+                dbs.push(db.to_owned());
+            }
+        }
+    }
+    Ok(dbs)
+}
+
 /// The cursor a reply opens, with a fresh proxy id for it, if another
 /// proxy would read its batches otherwise than `kind` says
 /// ([`cursor::kind_of_unknown`]: statistics and index specs, whose path
@@ -305,11 +354,7 @@ fn expand_tokens(
                 let idx = (idx >= 0.0 && idx.fract() == 0.0).then_some(idx as usize)?;
                 dbs.get(idx).cloned().flatten()
             }
-            Expansion::PerEvent => item
-                .doc_field("ns")?
-                .str_field("db")
-                .filter(|db| t.policies.applies_to(db))
-                .map(str::to_owned),
+            Expansion::PerEvent => event_database(item, &t.policies).map(str::to_owned),
         }
     };
     match expansion {
@@ -442,6 +487,56 @@ fn unreadable(e: expand::Unreadable, scope: &str, room: &Room) -> ProxyError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::token::Policy;
+    use crate::wire::{MsgFlags, OpMsg};
+    use bson::{doc, RawDocumentBuf};
+
+    fn reply(body: bson::Document) -> Frame {
+        let raw = RawDocumentBuf::from_document(&body).unwrap();
+        Frame::new(
+            1,
+            0,
+            Message::Msg(OpMsg::from_body(MsgFlags::default(), &raw)),
+        )
+    }
+
+    /// A cluster-wide stream's batch names the databases its events are
+    /// read with (those the policies tokenize, each once); any other
+    /// reply names none. A `getMore` of a cursor this proxy did not see
+    /// opened is read as its reply says.
+    #[test]
+    fn a_cluster_wide_batch_names_its_events_databases() {
+        let policies = Policies::new(Policy::new(4, &[], "laconic"));
+        let event = |db: &str| doc! {"_id": {"_data": "00"}, "operationType": "insert", "ns": {"db": db, "coll": "c"}, "fullDocument": {"_id": 1}};
+        let batch = |field: &str| {
+            reply(doc! {"cursor": {
+                field: [event("a"), event("admin"), event("b"), event("a")],
+                "postBatchResumeToken": {"_data": "00"},
+                "id": 7i64, "ns": "admin.$cmd.aggregate",
+            }, "ok": 1})
+        };
+        let rules = |expand, unknown_cursor| {
+            ReplyPlan::Rewrite(ReplyRules {
+                kind: CursorKind {
+                    strings: expand::Strings::Events,
+                    expand: Some(expand),
+                },
+                unknown_cursor,
+                ..Default::default()
+            })
+        };
+        let dbs = |f: &Frame, plan: &ReplyPlan| event_databases(f, plan, &policies).unwrap();
+        let cluster = rules(Expansion::PerEvent, false);
+        assert_eq!(dbs(&batch("firstBatch"), &cluster), ["a", "b"]);
+        assert_eq!(dbs(&batch("nextBatch"), &cluster), ["a", "b"]);
+        // A database's own stream was admitted with its command.
+        let own = rules(Expansion::One("a".into()), false);
+        assert!(dbs(&batch("nextBatch"), &own).is_empty());
+        // Unknown to this proxy: the reply says it is cluster-wide.
+        let unknown = rules(Expansion::One("admin".into()), true);
+        assert_eq!(dbs(&batch("nextBatch"), &unknown), ["a", "b"]);
+        assert!(dbs(&batch("nextBatch"), &ReplyPlan::Forward).is_empty());
+    }
 
     /// What a reply's own share covers is granted as it is; past that, each
     /// byte is taken from the budget, and kept until the reply is written;

@@ -952,6 +952,63 @@ async fn a_member_holding_documents_without_a_mark_is_refused_until_adopted() {
     assert_eq!(read, Some(doc! {"_id": 4, "plainName": "Di"}));
 }
 
+/// A cluster-wide stream reads each event with its database's dictionary,
+/// so a member's events must pass the checks a read of the member does:
+/// the events of a member restored without its mark, beside a group
+/// dictionary made anew, are refused as the member is (301, `unmarked`).
+/// Before, the proxy that had never read that member expanded them with
+/// the group's dictionary: `{customerName: "Ann"}` came back
+/// `{anotherName: "Ann"}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_wide_stream_refuses_the_events_of_an_unmarked_member() {
+    let group = fresh_group("xcwu").await;
+    let (home, a, b) = (&group.home, &group.a, &group.b);
+    let direct = common::direct().await;
+    let proxy = proxy_with(group.groups.clone()).await;
+    insert_via(&proxy, b, doc! {"_id": 1, "customerName": "Ann"}).await;
+    let kept = common::stored(b, "c").await;
+    for db in [home, a, b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    // A dictionary made anew gives its first token to another name.
+    let fresh = proxy_with(group.groups.clone()).await;
+    insert_via(&fresh, a, doc! {"_id": 2, "anotherName": "Bob"}).await;
+    let client = common::via_proxy(&fresh).await;
+    let mut stream = client
+        .watch()
+        .pipeline(vec![
+            doc! {"$match": {"ns.db": {"$in": [a, b]}, "operationType": "insert"}},
+        ])
+        .await
+        .unwrap();
+    // `b`'s documents come back without their mark, straight to the server.
+    direct
+        .database(b)
+        .collection::<Document>("c")
+        .insert_many(kept)
+        .await
+        .unwrap();
+    let next = tokio::time::timeout(std::time::Duration::from_secs(20), stream.next())
+        .await
+        .expect("an answer within 20 s")
+        .expect("the stream goes on");
+    let e = match next {
+        Ok(event) => panic!(
+            "the event of an unmarked member was read: {:?}",
+            event.full_document
+        ),
+        Err(e) => common::command_error(e),
+    };
+    assert_eq!(e.code, 301, "{}", e.message);
+    assert!(
+        e.message.starts_with(&format!(
+            "laconic: the database {b} holds documents but no mark of the dictionary it shares"
+        )),
+        "{}",
+        e.message
+    );
+}
+
 /// A member dropped through one proxy and written at once through another,
 /// which has not yet read the store since (its view holds the member's
 /// mark): that write carries the group's tokens and no mark. The proxy
