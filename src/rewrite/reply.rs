@@ -9,7 +9,7 @@ use super::{
 use crate::budget::{Budget, Share};
 use crate::error::ProxyError;
 use crate::rewrite::walker::{self, Fields};
-use crate::token::{Integrity, Policies, Tokens};
+use crate::token::{Dictionary, Integrity, Policies, Tokens};
 use crate::wire::{Frame, Message, MsgBody};
 
 /// A rewritten reply, the cursor documents it could not carry, and what it
@@ -299,22 +299,53 @@ pub fn event_databases(
     if kind_of(m.body(), rules)?.expand != Some(Expansion::PerEvent) {
         return Ok(Vec::new());
     }
-    let Some(cursor) = m.body().doc_field("cursor") else {
-        return Ok(Vec::new());
-    };
     let mut dbs: Vec<String> = Vec::new();
-    for batch in ["firstBatch", "nextBatch"] {
-        let Some(b) = cursor.field(batch).filter(|b| b.kind == ARRAY) else {
-            continue;
-        };
-        for item in walker::elements(b.value).map_while(Result::ok) {
-            let db = item.document().and_then(|e| event_database(e, policies));
-            if let Some(db) = db.filter(|db| !dbs.iter().any(|d| d == db)) {
-                dbs.push(db.to_owned());
-            }
+    for event in batch(m.body()) {
+        let db = event_database(event, policies);
+        if let Some(db) = db.filter(|db| !dbs.iter().any(|d| d == db)) {
+            dbs.push(db.to_owned());
         }
     }
     Ok(dbs)
+}
+
+/// The documents of a cursor reply's batch.
+fn batch(body: &bson::RawDocument) -> impl Iterator<Item = &bson::RawDocument> {
+    let batch = body.doc_field("cursor").and_then(|c| {
+        ["firstBatch", "nextBatch"]
+            .into_iter()
+            .find_map(|f| c.field(f).filter(|b| b.kind == ARRAY))
+    });
+    batch
+        .into_iter()
+        .flat_map(|b| walker::elements(b.value).map_while(Result::ok))
+        .filter_map(|item| item.document())
+}
+
+/// A change event older than the dictionary it would be read with
+/// ([`crate::token::Dictionary::began_after`]) is refused if it holds
+/// anything to expand: a stream started before its database was dropped
+/// and written again replays events whose tokens the dictionary made since
+/// gives to other names. One that holds nothing to expand reads the same
+/// under any dictionary.
+fn not_older(
+    event: &bson::RawDocument,
+    names: &Dictionary,
+    db: &str,
+    policies: &Policies,
+) -> Result<(), Integrity> {
+    let (Some(since), Ok(at)) = (names.since, event.get_timestamp("clusterTime")) else {
+        return Ok(());
+    };
+    if names.began_after(at) && expand::raw::needed_as(event.as_bytes(), expand::Strings::Events) {
+        return Err(Integrity::Older {
+            db: db.to_owned(),
+            scope: policies.scope_of(db).to_owned(),
+            at,
+            since,
+        });
+    }
+    Ok(())
 }
 
 /// The cursor a reply opens, with a fresh proxy id for it, if another
@@ -363,6 +394,11 @@ fn expand_tokens(
                 return Ok(None);
             }
             let names = t.store.dictionary(db)?;
+            if strings == expand::Strings::Events {
+                for event in batch(body) {
+                    not_older(event, &names, db, &t.policies)?;
+                }
+            }
             let expanded = expand::raw_body_within(body, &*names, strings, &mut |n| room.grant(n));
             expanded.map(Some).map_err(|e| unreadable(e, db, room))
         }
@@ -425,6 +461,9 @@ fn expand_batch(
                     continue;
                 };
                 let names = t.store.dictionary(&db)?;
+                if strings == expand::Strings::Events {
+                    not_older(doc, &names, &db, &t.policies)?;
+                }
                 let grow = &mut |n| room.grant(n);
                 let expanded = expand::raw_document_within(doc, &*names, strings, grow)
                     .map_err(|e| unreadable(e, &db, room))?;

@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
+use bson::{doc, spec::BinarySubtype, Binary, Bson, Document, Timestamp};
 use md5::{Digest, Md5};
 use rustc_hash::FxHashMap;
 
@@ -157,6 +157,8 @@ pub struct Dictionary {
     /// Held back until it settles: its database had another dictionary
     /// before ([`SETTLING`]).
     pub settling: bool,
+    /// The upstream's cluster time when it began ([`SINCE`]).
+    pub since: Option<Timestamp>,
 }
 
 impl Dictionary {
@@ -174,7 +176,17 @@ impl Dictionary {
             name_chain: Chain::default(),
             value_chain: Chain::default(),
             settling: false,
+            since: None,
         }
+    }
+
+    /// Whether something written at cluster time `at` (a change event)
+    /// is older than this dictionary: its database's names were then
+    /// another dictionary's, or none. Unknown for a dictionary made
+    /// before heads recorded when they began.
+    pub fn began_after(&self, at: Timestamp) -> bool {
+        self.since
+            .is_some_and(|since| (at.time, at.increment) <= (since.time, since.increment))
     }
 
     pub fn len(&self) -> usize {
@@ -462,8 +474,15 @@ pub fn chain_id(epoch: Epoch, chain: &str, seq: i64) -> String {
 ///
 /// `settling`: the database had a dictionary before this one (it was
 /// dropped, and is being written again): no proxy uses the new one until
-/// it has settled ([`SETTLING`]).
-pub fn head_document(epoch: Epoch, cap: usize, origin: &str, settling: bool) -> Document {
+/// it has settled ([`SETTLING`]). `since`: the upstream's cluster time
+/// just before it was made ([`SINCE`]).
+pub fn head_document(
+    epoch: Epoch,
+    cap: usize,
+    origin: &str,
+    settling: bool,
+    since: Option<Timestamp>,
+) -> Document {
     let mut d = doc! {
         "epoch": epoch.to_bson(),
         "format": FORMAT,
@@ -474,8 +493,20 @@ pub fn head_document(epoch: Epoch, cap: usize, origin: &str, settling: bool) -> 
     if settling {
         d.insert(SETTLING, true);
     }
+    if let Some(since) = since {
+        d.insert(SINCE, since);
+    }
     d
 }
+
+/// The head's field that holds the upstream's cluster time when the
+/// dictionary began: read just before the head was written, and again
+/// when a dictionary made after a drop settled. Nothing written at or
+/// before it holds the dictionary's tokens, so a change event of that
+/// time (replayed by a stream started earlier) is never read with it.
+/// Absent where the upstream keeps no cluster time (a standalone server,
+/// which has no change streams either).
+pub const SINCE: &str = "since";
 
 /// The head's field that holds a new dictionary back until no proxy can
 /// still hold the one its database had before: `true` while it settles,
@@ -508,6 +539,8 @@ pub struct Head {
     pub cap: usize,
     /// Held back until it settles ([`SETTLING`]).
     pub settling: bool,
+    /// When it began ([`SINCE`]).
+    pub since: Option<Timestamp>,
 }
 
 /// Reads a head document.
@@ -548,10 +581,21 @@ pub fn parse_head(scope: &str, d: &Document) -> Result<Head, Integrity> {
             })
         }
     };
+    let since = match d.get(SINCE) {
+        None => None,
+        Some(Bson::Timestamp(t)) => Some(*t),
+        Some(other) => {
+            return Err(Integrity::Edited {
+                scope: scope.to_owned(),
+                what: format!("its head's {SINCE} is {other}"),
+            })
+        }
+    };
     Ok(Head {
         epoch,
         cap: cap as usize,
         settling,
+        since,
     })
 }
 
@@ -590,6 +634,7 @@ pub fn build(scope: &str, head: Head, chain_docs: &[Document]) -> Result<Diction
     };
     let mut dict = Dictionary::empty(head.epoch, head.cap);
     dict.settling = head.settling;
+    dict.since = head.since;
     for chain in ["names", "values"] {
         let mut docs: Vec<&Document> = chain_docs
             .iter()
@@ -705,11 +750,11 @@ mod tests {
     #[test]
     fn a_heads_settling_is_read_and_spoiled_refuses() {
         let e = Epoch([7; 16]);
-        let settling = head_document(e, 2, "created", true);
+        let settling = head_document(e, 2, "created", true, None);
         let head = parse_head("app", &settling).unwrap();
         assert!(head.settling);
         assert!(build("app", head, &[]).unwrap().settling);
-        let plain = head_document(e, 2, "created", false);
+        let plain = head_document(e, 2, "created", false, None);
         assert!(!plain.contains_key(SETTLING));
         assert!(!parse_head("app", &plain).unwrap().settling);
         let mut spoiled = settling.clone();
@@ -726,6 +771,31 @@ mod tests {
         ));
     }
 
+    /// A head says when its dictionary began: events of that cluster time
+    /// or before are older than it; a head without it (made before heads
+    /// recorded it) says nothing; any other value is an edit.
+    #[test]
+    fn a_heads_since_dates_what_is_older_than_the_dictionary() {
+        let e = Epoch([7; 16]);
+        let t = |time, increment| Timestamp { time, increment };
+        let head = head_document(e, 2, "created", false, Some(t(100, 5)));
+        let d = build("app", parse_head("app", &head).unwrap(), &[]).unwrap();
+        assert_eq!(d.since, Some(t(100, 5)));
+        assert!(d.began_after(t(99, 900)));
+        assert!(d.began_after(t(100, 5)));
+        assert!(!d.began_after(t(100, 6)));
+        assert!(!d.began_after(t(101, 0)));
+        let unknown = head_document(e, 2, "created", false, None);
+        let d = build("app", parse_head("app", &unknown).unwrap(), &[]).unwrap();
+        assert!(!d.began_after(t(1, 0)));
+        let mut odd = head;
+        odd.insert(SINCE, "yesterday");
+        assert!(matches!(
+            parse_head("app", &odd),
+            Err(Integrity::Edited { .. })
+        ));
+    }
+
     #[test]
     fn a_well_formed_chain_builds_and_edits_are_found() {
         let e = Epoch([7; 16]);
@@ -733,6 +803,7 @@ mod tests {
             epoch: e,
             cap: 2,
             settling: false,
+            since: None,
         };
         let docs = vec![
             names_doc(e, 0, &[("beta", "\u{4}"), ("alpha", "\u{2}")]),

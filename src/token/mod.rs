@@ -71,6 +71,22 @@ pub enum Integrity {
     /// the server. Read with the new one, they could bear other names.
     #[error("the database {scope} was dropped and is written again, and documents reached it before its new dictionary settled: written by a proxy that had not yet learned of the drop (with the dropped dictionary) or straight to the server; they cannot be read with the new dictionary. Reads and writes of {scope} are refused: drop it again and write it afresh, or restore it from a backup")]
     Refilled { scope: String },
+    /// A change event older than the dictionary its database is read with
+    /// now (replayed by a stream started before the database was dropped
+    /// and written again): its names were another dictionary's.
+    #[error("{}", older(.db, .at, .since))]
+    Older {
+        db: String,
+        scope: String,
+        at: bson::Timestamp,
+        since: bson::Timestamp,
+    },
+}
+
+/// [`Integrity::Older`]'s text.
+fn older(db: &str, at: &bson::Timestamp, since: &bson::Timestamp) -> String {
+    let time = |t: &bson::Timestamp| format!("Timestamp({}, {})", t.time, t.increment);
+    format!("a change event of {db} is older than the dictionary {db} is read with now (the event is of {}, the dictionary began at {}): the database was dropped and written again since, its names were written with the dictionary it had then, and read with this one they could bear other names. Start the stream after {} (startAtOperationTime), or resume it from a token after that", time(at), time(since), time(since))
 }
 
 /// [`Integrity::Missing`]'s text: the database that holds documents, and
@@ -110,6 +126,7 @@ impl Integrity {
             | Integrity::UnknownTokens { scope, .. }
             | Integrity::Mismatch { scope, .. }
             | Integrity::Unmarked { scope, .. }
+            | Integrity::Older { scope, .. }
             | Integrity::Refilled { scope } => scope,
         }
     }
@@ -126,6 +143,7 @@ impl Integrity {
             Integrity::Mismatch { .. } => "mismatch",
             Integrity::Unmarked { .. } => "unmarked",
             Integrity::Refilled { .. } => "refilled",
+            Integrity::Older { .. } => "older",
         }
     }
 }

@@ -48,7 +48,7 @@ use tracing::{error, info, warn};
 
 use super::dictionary::{
     build, chain_id, check, empty_chain_document, head_document, parse_head, Dictionary, Epoch,
-    COLLECTION, HEAD_ID, SETTLING, SPOILED,
+    COLLECTION, HEAD_ID, SETTLING, SINCE, SPOILED,
 };
 use super::namespace::Token;
 use super::policy::{Migration, Policies, State as MigrationState};
@@ -438,6 +438,10 @@ pub fn concerns() -> DatabaseOptions {
         .build()
 }
 
+/// The round trips [`NameStore::init`] makes past the record of the
+/// scope: the cluster time, the head written and read back, the mark.
+const INIT_TRIPS: usize = 4;
+
 impl NameStore {
     pub fn new(client: Client, cap: usize, policies: Policies) -> NameStore {
         NameStore {
@@ -590,11 +594,18 @@ impl NameStore {
                 // Another request of this proxy settled it meanwhile.
                 continue;
             }
+            // The dictionary begins again from here: a document written
+            // and removed while it settled (by a proxy that still used the
+            // dropped one) left change events older than this.
+            let since = self.cluster_time(scope).await?;
             let spoiled = self.holding_documents(scope).await?.is_some();
-            let (update, verdict) = if spoiled {
-                (doc! {"$set": {SETTLING: SPOILED}}, "refused")
-            } else {
-                (doc! {"$unset": {SETTLING: ""}}, "settled")
+            let (update, verdict) = match (spoiled, since) {
+                (true, _) => (doc! {"$set": {SETTLING: SPOILED}}, "refused"),
+                (false, Some(since)) => (
+                    doc! {"$unset": {SETTLING: ""}, "$set": {SINCE: since}},
+                    "settled",
+                ),
+                (false, None) => (doc! {"$unset": {SETTLING: ""}}, "settled"),
             };
             // Whichever proxy decides first decides for all.
             let r = self
@@ -610,6 +621,20 @@ impl NameStore {
             }
             trips += 2 + self.reload_now(scope).await?.0;
         }
+    }
+
+    /// The upstream's cluster time, as a command on `scope` reports it
+    /// (`None` from a server that keeps none: a standalone one).
+    async fn cluster_time(&self, scope: &str) -> Result<Option<bson::Timestamp>, StoreError> {
+        let reply = self
+            .db(scope)
+            .run_command(doc! {"ping": 1})
+            .await
+            .map_err(|e| StoreError::from_driver("ping", e))?;
+        let clock = reply
+            .get_document("$clusterTime")
+            .and_then(|c| c.get_timestamp("clusterTime"));
+        Ok(clock.or_else(|_| reply.get_timestamp("operationTime")).ok())
     }
 
     /// Records that `scope` has a dictionary, before it is used: `made`,
@@ -1308,7 +1333,7 @@ impl NameStore {
                 return Ok(RoundTrips(trips));
             }
             self.init(scope, "created").await?;
-            trips += 3;
+            trips += INIT_TRIPS;
         }
         Ok(RoundTrips(trips + self.mark_member(db, scope).await?.0))
     }
@@ -1367,20 +1392,22 @@ impl NameStore {
             return Err(e.into());
         }
         self.init(scope, "created").await?;
-        Ok(RoundTrips(3))
+        Ok(RoundTrips(INIT_TRIPS))
     }
 
     /// Writes a head for `scope` if it has none (and a mark for it), then
-    /// reads the dictionary. `laconic store init` calls it for a database
+    /// reads the dictionary ([`INIT_TRIPS`] round trips, counted by the
+    /// callers that make a dictionary before a write). `laconic store init` calls it for a database
     /// whose documents predate Laconic.
     pub async fn init(&self, db: &str, origin: &str) -> Result<(), StoreError> {
         let scope = self.inner.policies.scope_of(db);
         let epoch = Epoch::random();
         let settling = origin == "created" && self.record(scope, true).await?;
+        let since = self.cluster_time(scope).await?;
         self.coll(scope)
             .update_one(
                 doc! {"_id": HEAD_ID},
-                doc! {"$setOnInsert": head_document(epoch, self.inner.cap, origin, settling)},
+                doc! {"$setOnInsert": head_document(epoch, self.inner.cap, origin, settling, since)},
             )
             .upsert(true)
             .await

@@ -608,3 +608,98 @@ async fn a_database_first_written_without_tokens_takes_long_names_later() {
         .unwrap();
     reads(&c, &[doc! {"_id": 3, "a_much_longer_name": 3}]).await;
 }
+
+/// A change stream started from before a database was dropped replays
+/// the events of the dropped dictionary's documents, whose tokens the
+/// new dictionary gives to other names: such an event is refused (301,
+/// naming the database and when its dictionary began), never read with
+/// the new dictionary, by a collection's stream and a cluster-wide one
+/// alike. A stream started after the new dictionary began reads its
+/// events as written. (Before, `{customerName: "Ann"}` came back
+/// `{anotherName: "Ann"}`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_events_older_than_the_dictionary_are_never_read_with_it() {
+    use futures::StreamExt;
+    use mongodb::change_stream::{event::ChangeStreamEvent, ChangeStream};
+    let db = db_name("dict_oldevents", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let proxy = tokenizing(&common::upstream().uri).await;
+    let c = coll(&proxy, &db).await;
+    let Ok(start) = direct
+        .database(&db)
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap()
+        .get_timestamp("operationTime")
+    else {
+        // A standalone server: no change streams, and no cluster time.
+        return;
+    };
+    c.insert_one(doc! {"_id": 1, "customerName": "Ann"})
+        .await
+        .unwrap();
+    drop_through(&proxy, &db).await;
+    // The new dictionary (once it settles) gives its first token to
+    // another name.
+    c.insert_one(doc! {"_id": 2, "anotherName": "Bob"})
+        .await
+        .unwrap();
+    type Stream = ChangeStream<ChangeStreamEvent<Document>>;
+    let first = |opened: mongodb::error::Result<Stream>| async move {
+        let next = match opened {
+            Ok(mut stream) => tokio::time::timeout(Duration::from_secs(20), stream.next())
+                .await
+                .expect("an answer within 20 s")
+                .expect("the stream goes on"),
+            Err(e) => Err(e),
+        };
+        next.map(|event| event.full_document)
+    };
+    let refused = |read: mongodb::error::Result<Option<Document>>| {
+        let e = match read {
+            Ok(d) => panic!("an event older than the dictionary was read: {d:?}"),
+            Err(e) => e,
+        };
+        let (code, msg) = code_of(&e);
+        assert_eq!(code, 301, "{msg}");
+        assert!(
+            msg.starts_with(&format!("laconic: a change event of {db} is older than")),
+            "{msg}"
+        );
+    };
+    let client = common::via_proxy(&proxy).await;
+    let cluster = || {
+        client
+            .watch()
+            .pipeline(vec![doc! {"$match": {"ns.db": &db}}])
+    };
+    refused(first(c.watch().start_at_operation_time(start).await).await);
+    refused(first(cluster().start_at_operation_time(start).await).await);
+    // From when the new dictionary began: its document, as written.
+    let head = direct
+        .database(&db)
+        .collection::<Document>("__laconic")
+        .find_one(doc! {"_id": "dictionary"})
+        .await
+        .unwrap()
+        .expect("the new dictionary's head");
+    let since = head.get_timestamp("since").expect("when it began");
+    let after = bson::Timestamp {
+        time: since.time,
+        increment: since.increment + 1,
+    };
+    let bob = Some(doc! {"_id": 2, "anotherName": "Bob"});
+    assert_eq!(
+        first(c.watch().start_at_operation_time(after).await)
+            .await
+            .unwrap(),
+        bob
+    );
+    assert_eq!(
+        first(cluster().start_at_operation_time(after).await)
+            .await
+            .unwrap(),
+        bob
+    );
+}
