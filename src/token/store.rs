@@ -438,6 +438,18 @@ pub fn concerns() -> DatabaseOptions {
         .build()
 }
 
+/// The later of two cluster times, either unknown.
+fn later(a: Option<bson::Timestamp>, b: Option<bson::Timestamp>) -> Option<bson::Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if (a.time, a.increment) >= (b.time, b.increment) {
+            a
+        } else {
+            b
+        }),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The round trips [`NameStore::init`] makes past the record of the
 /// scope: the cluster time, the head written and read back, the mark.
 const INIT_TRIPS: usize = 4;
@@ -1138,23 +1150,99 @@ impl NameStore {
                 .and_then(|dict| check_mark(scope, dict, mark))
             {
                 Err(e) => failed(e),
-                Ok(dict) => match &reference {
-                    Some(r) if r.epoch == dict.epoch => match r.is_contained_in(&dict) {
-                        Ok(()) => State::Ready(Arc::new(dict)),
-                        Err(what) => failed(Integrity::Rewound {
-                            scope: scope.to_owned(),
-                            what,
-                        }),
-                    },
-                    Some(r) => {
-                        warn!(scope = ?scope, old = %r.epoch, new = %dict.epoch, "the dictionary was replaced; using the new one");
+                Ok(mut dict) => match &reference {
+                    // Dated when this proxy first read it.
+                    Some(r) if r.epoch == dict.epoch => {
+                        dict.since = later(dict.since, r.since);
+                        match r.is_contained_in(&dict) {
+                            Ok(()) => State::Ready(Arc::new(dict)),
+                            Err(what) => failed(Integrity::Rewound {
+                                scope: scope.to_owned(),
+                                what,
+                            }),
+                        }
+                    }
+                    _ => {
+                        trips += self.date(scope, &mut dict).await?;
+                        if let Some(r) = &reference {
+                            warn!(scope = ?scope, old = %r.epoch, new = %dict.epoch, "the dictionary was replaced; using the new one");
+                        }
                         State::Ready(Arc::new(dict))
                     }
-                    None => State::Ready(Arc::new(dict)),
                 },
             },
         };
         Ok((state, RoundTrips(trips), digest))
+    }
+
+    /// Dates a dictionary this proxy reads for the first time (since it
+    /// started, or since another one replaced it) by the name store's
+    /// record of `scope`, which outlives the database's drops: the record
+    /// names the dictionary the database has now, and since when
+    /// ([`SINCE`]). A dictionary the record names already keeps its date.
+    /// One that replaces another there (a new one made after a drop, or an
+    /// older one restored from a backup, whose head says it began before
+    /// the other's documents) is dated now, by the upstream's clock: the
+    /// change events of the other's time hold its tokens. The first
+    /// dictionary a record names (one made by this build, or any before
+    /// records named one) is dated by its head. Returns the round trips.
+    async fn date(&self, scope: &str, dict: &mut Dictionary) -> Result<usize, StoreError> {
+        let Some(records) = &self.inner.records else {
+            return Ok(0);
+        };
+        let mut trips = 0;
+        // Each round lost means another proxy dated it meanwhile.
+        for _ in 0..10 {
+            trips += 1;
+            let record = records
+                .find_one(doc! {"_id": scope})
+                .await
+                .map_err(|e| StoreError::from_driver("find", e))?;
+            let named = record.as_ref().and_then(|r| r.get("epoch"));
+            if Epoch::from_bson(named) == Some(dict.epoch) {
+                let dated = record.as_ref().and_then(|r| r.get_timestamp(SINCE).ok());
+                dict.since = later(dict.since, dated);
+                return Ok(trips);
+            }
+            let since = match named {
+                None => dict.since,
+                Some(_) => {
+                    trips += 1;
+                    later(dict.since, self.cluster_time(scope).await?)
+                }
+            };
+            let mut set = doc! {"epoch": dict.epoch.to_bson()};
+            let mut update = doc! {"$setOnInsert": {"made": 1i64}};
+            match since {
+                Some(since) => {
+                    set.insert(SINCE, since);
+                }
+                None => {
+                    update.insert("$unset", doc! {SINCE: ""});
+                }
+            }
+            update.insert("$set", set);
+            let filter = match named {
+                Some(e) => doc! {"_id": scope, "epoch": e.clone()},
+                None => doc! {"_id": scope, "epoch": {"$exists": false}},
+            };
+            trips += 1;
+            match records.update_one(filter, update).upsert(true).await {
+                Ok(r) if r.matched_count == 1 || r.upserted_id.is_some() => {
+                    dict.since = since;
+                    return Ok(trips);
+                }
+                // Another proxy dated it first: read its date.
+                Ok(_) => {}
+                Err(e) => {
+                    let e = StoreError::from_driver("update", e);
+                    if !e.is_duplicate_key() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Err(StoreError::Stale(scope.to_owned()))
     }
 
     /// Raises the mark to what the dictionary now holds, after names or

@@ -703,3 +703,90 @@ async fn change_events_older_than_the_dictionary_are_never_read_with_it() {
         bob
     );
 }
+
+/// The same, where the dictionary a database is read with now is an older
+/// one restored from a backup, after the database had another dictionary
+/// for a while: the events of that while hold the other dictionary's
+/// tokens, and the restored head says it began long before them. A
+/// dictionary is dated by the name store's record of the database, which
+/// outlives its drops: one that replaces another there began, for change
+/// events, when a proxy first read it. (Before, a stream started before
+/// the other dictionary's documents read `{anotherName: "Bob"}` as
+/// `{customerName: "Bob"}`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_events_of_a_dictionary_replaced_by_a_restored_one_are_refused() {
+    use futures::StreamExt;
+    let db = db_name("dict_restoredev", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let proxy = tokenizing(&common::upstream().uri).await;
+    let c = coll(&proxy, &db).await;
+    c.insert_one(doc! {"_id": 1, "customerName": "Ann"})
+        .await
+        .unwrap();
+    // A backup of the database: its documents, dictionary and mark.
+    let backup = |name: &'static str| {
+        let direct = direct.clone();
+        let db = db.clone();
+        async move {
+            let docs: Vec<Document> = direct
+                .database(&db)
+                .collection::<Document>(name)
+                .find(doc! {})
+                .await
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+                .await;
+            (name, docs)
+        }
+    };
+    let saved = [
+        backup("c").await,
+        backup("__laconic").await,
+        backup("__laconic_mark").await,
+    ];
+    drop_through(&proxy, &db).await;
+    let Ok(start) = direct
+        .database(&db)
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap()
+        .get_timestamp("operationTime")
+    else {
+        return;
+    };
+    // Another dictionary for a while, whose first token is another name's.
+    c.insert_one(doc! {"_id": 2, "anotherName": "Bob"})
+        .await
+        .unwrap();
+    // Then the backup comes back, straight to the server.
+    direct.database(&db).drop().await.unwrap();
+    for (name, docs) in &saved {
+        direct
+            .database(&db)
+            .collection::<Document>(name)
+            .insert_many(docs.clone())
+            .await
+            .unwrap();
+    }
+    reads(&c, &[doc! {"_id": 1, "customerName": "Ann"}]).await;
+    let read = match c.watch().start_at_operation_time(start).await {
+        Ok(mut stream) => tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .expect("an answer within 20 s")
+            .expect("the stream goes on")
+            .map(|event| event.full_document),
+        Err(e) => Err(e),
+    };
+    let e = match read {
+        Ok(d) => panic!("an event of the replaced dictionary was read: {d:?}"),
+        Err(e) => e,
+    };
+    let (code, msg) = code_of(&e);
+    assert_eq!(code, 301, "{msg}");
+    assert!(
+        msg.starts_with(&format!("laconic: a change event of {db} is older than")),
+        "{msg}"
+    );
+}
