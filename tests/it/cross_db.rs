@@ -857,6 +857,27 @@ async fn output_from_an_untokenized_database_into_a_tokenized_one_is_refused() {
     assert!(common::stored(&a, "c").await.is_empty());
 }
 
+/// `{_id: 1, customerName: "Ann"}` written into `b` through a proxy, as it
+/// is stored (kept, as a backup would), then the group's databases
+/// dropped and its dictionary made anew by another proxy with another name
+/// first (`{_id: 2, anotherName: "Bob"}` into `a`): the same token stands
+/// for another name now. Returns that proxy and `b`'s kept documents.
+async fn replaced_with_another_name_first(
+    group: &Group,
+) -> (laconic::downstream::ProxyHandle, Vec<Document>) {
+    let (home, a, b) = (&group.home, &group.a, &group.b);
+    let proxy = proxy_with(group.groups.clone()).await;
+    insert_via(&proxy, b, doc! {"_id": 1, "customerName": "Ann"}).await;
+    let kept = common::stored(b, "c").await;
+    let direct = common::direct().await;
+    for db in [home, a, b] {
+        direct.database(db).drop().await.unwrap();
+    }
+    let fresh = proxy_with(group.groups.clone()).await;
+    insert_via(&fresh, a, doc! {"_id": 2, "anotherName": "Bob"}).await;
+    (fresh, kept)
+}
+
 /// A member that holds documents and no mark, beside its group's
 /// dictionary, was not written through Laconic with it: it is refused
 /// (reads and writes) until `laconic store init MEMBER --config` adopts it.
@@ -868,16 +889,8 @@ async fn a_member_holding_documents_without_a_mark_is_refused_until_adopted() {
     let group = fresh_group("xunm").await;
     let (home, a, b) = (&group.home, &group.a, &group.b);
     let direct = common::direct().await;
-    let proxy = proxy_with(group.groups.clone()).await;
-    insert_via(&proxy, b, doc! {"_id": 1, "customerName": "Ann"}).await;
-    // The group's dictionary is made anew, with another name first; `b`'s
-    // documents come back without their mark.
-    let kept = common::stored(b, "c").await;
-    for db in [home, a, b] {
-        direct.database(db).drop().await.unwrap();
-    }
-    let fresh = proxy_with(group.groups.clone()).await;
-    insert_via(&fresh, a, doc! {"_id": 2, "anotherName": "Bob"}).await;
+    // `b`'s documents come back without their mark.
+    let (_, kept) = replaced_with_another_name_first(&group).await;
     direct
         .database(b)
         .collection::<Document>("c")
@@ -962,17 +975,9 @@ async fn a_member_holding_documents_without_a_mark_is_refused_until_adopted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_wide_stream_refuses_the_events_of_an_unmarked_member() {
     let group = fresh_group("xcwu").await;
-    let (home, a, b) = (&group.home, &group.a, &group.b);
+    let (a, b) = (&group.a, &group.b);
     let direct = common::direct().await;
-    let proxy = proxy_with(group.groups.clone()).await;
-    insert_via(&proxy, b, doc! {"_id": 1, "customerName": "Ann"}).await;
-    let kept = common::stored(b, "c").await;
-    for db in [home, a, b] {
-        direct.database(db).drop().await.unwrap();
-    }
-    // A dictionary made anew gives its first token to another name.
-    let fresh = proxy_with(group.groups.clone()).await;
-    insert_via(&fresh, a, doc! {"_id": 2, "anotherName": "Bob"}).await;
+    let (fresh, kept) = replaced_with_another_name_first(&group).await;
     let client = common::via_proxy(&fresh).await;
     let mut stream = client
         .watch()

@@ -609,6 +609,53 @@ async fn a_database_first_written_without_tokens_takes_long_names_later() {
     reads(&c, &[doc! {"_id": 3, "a_much_longer_name": 3}]).await;
 }
 
+/// The upstream's cluster time now, as a command on `db` reports it
+/// (`None` from a standalone server, which has no change streams).
+async fn cluster_time(db: &str) -> Option<bson::Timestamp> {
+    let reply = common::direct()
+        .await
+        .database(db)
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap();
+    reply.get_timestamp("operationTime").ok()
+}
+
+/// The full document of the first event of a stream opened so, or the
+/// error it gave (on opening, or for its first batch).
+async fn first_event(
+    opened: mongodb::error::Result<
+        mongodb::change_stream::ChangeStream<
+            mongodb::change_stream::event::ChangeStreamEvent<Document>,
+        >,
+    >,
+) -> mongodb::error::Result<Option<Document>> {
+    use futures::StreamExt;
+    let next = match opened {
+        Ok(mut stream) => tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .expect("an answer within 20 s")
+            .expect("the stream goes on"),
+        Err(e) => Err(e),
+    };
+    next.map(|event| event.full_document)
+}
+
+/// Asserts that a stream's event of `db` was refused as older than the
+/// dictionary `db` is read with (301).
+fn refused_as_older(read: mongodb::error::Result<Option<Document>>, db: &str) {
+    let e = match read {
+        Ok(d) => panic!("an event older than the dictionary was read: {d:?}"),
+        Err(e) => e,
+    };
+    let (code, msg) = code_of(&e);
+    assert_eq!(code, 301, "{msg}");
+    assert!(
+        msg.starts_with(&format!("laconic: a change event of {db} is older than")),
+        "{msg}"
+    );
+}
+
 /// A change stream started from before a database was dropped replays
 /// the events of the dropped dictionary's documents, whose tokens the
 /// new dictionary gives to other names: such an event is refused (301,
@@ -619,21 +666,12 @@ async fn a_database_first_written_without_tokens_takes_long_names_later() {
 /// `{anotherName: "Ann"}`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn change_events_older_than_the_dictionary_are_never_read_with_it() {
-    use futures::StreamExt;
-    use mongodb::change_stream::{event::ChangeStreamEvent, ChangeStream};
     let db = db_name("dict_oldevents", "app");
     let direct = common::direct().await;
     direct.database(&db).drop().await.unwrap();
     let proxy = tokenizing(&common::upstream().uri).await;
     let c = coll(&proxy, &db).await;
-    let Ok(start) = direct
-        .database(&db)
-        .run_command(doc! {"ping": 1})
-        .await
-        .unwrap()
-        .get_timestamp("operationTime")
-    else {
-        // A standalone server: no change streams, and no cluster time.
+    let Some(start) = cluster_time(&db).await else {
         return;
     };
     c.insert_one(doc! {"_id": 1, "customerName": "Ann"})
@@ -645,37 +683,20 @@ async fn change_events_older_than_the_dictionary_are_never_read_with_it() {
     c.insert_one(doc! {"_id": 2, "anotherName": "Bob"})
         .await
         .unwrap();
-    type Stream = ChangeStream<ChangeStreamEvent<Document>>;
-    let first = |opened: mongodb::error::Result<Stream>| async move {
-        let next = match opened {
-            Ok(mut stream) => tokio::time::timeout(Duration::from_secs(20), stream.next())
-                .await
-                .expect("an answer within 20 s")
-                .expect("the stream goes on"),
-            Err(e) => Err(e),
-        };
-        next.map(|event| event.full_document)
-    };
-    let refused = |read: mongodb::error::Result<Option<Document>>| {
-        let e = match read {
-            Ok(d) => panic!("an event older than the dictionary was read: {d:?}"),
-            Err(e) => e,
-        };
-        let (code, msg) = code_of(&e);
-        assert_eq!(code, 301, "{msg}");
-        assert!(
-            msg.starts_with(&format!("laconic: a change event of {db} is older than")),
-            "{msg}"
-        );
-    };
     let client = common::via_proxy(&proxy).await;
     let cluster = || {
         client
             .watch()
             .pipeline(vec![doc! {"$match": {"ns.db": &db}}])
     };
-    refused(first(c.watch().start_at_operation_time(start).await).await);
-    refused(first(cluster().start_at_operation_time(start).await).await);
+    refused_as_older(
+        first_event(c.watch().start_at_operation_time(start).await).await,
+        &db,
+    );
+    refused_as_older(
+        first_event(cluster().start_at_operation_time(start).await).await,
+        &db,
+    );
     // From when the new dictionary began: its document, as written.
     let head = direct
         .database(&db)
@@ -690,18 +711,10 @@ async fn change_events_older_than_the_dictionary_are_never_read_with_it() {
         increment: since.increment + 1,
     };
     let bob = Some(doc! {"_id": 2, "anotherName": "Bob"});
-    assert_eq!(
-        first(c.watch().start_at_operation_time(after).await)
-            .await
-            .unwrap(),
-        bob
-    );
-    assert_eq!(
-        first(cluster().start_at_operation_time(after).await)
-            .await
-            .unwrap(),
-        bob
-    );
+    let read = first_event(c.watch().start_at_operation_time(after).await).await;
+    assert_eq!(read.unwrap(), bob);
+    let read = first_event(cluster().start_at_operation_time(after).await).await;
+    assert_eq!(read.unwrap(), bob);
 }
 
 /// The same, where the dictionary a database is read with now is an older
@@ -715,7 +728,6 @@ async fn change_events_older_than_the_dictionary_are_never_read_with_it() {
 /// `{customerName: "Bob"}`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn change_events_of_a_dictionary_replaced_by_a_restored_one_are_refused() {
-    use futures::StreamExt;
     let db = db_name("dict_restoredev", "app");
     let direct = common::direct().await;
     direct.database(&db).drop().await.unwrap();
@@ -725,35 +737,13 @@ async fn change_events_of_a_dictionary_replaced_by_a_restored_one_are_refused() 
         .await
         .unwrap();
     // A backup of the database: its documents, dictionary and mark.
-    let backup = |name: &'static str| {
-        let direct = direct.clone();
-        let db = db.clone();
-        async move {
-            let docs: Vec<Document> = direct
-                .database(&db)
-                .collection::<Document>(name)
-                .find(doc! {})
-                .await
-                .unwrap()
-                .map(Result::unwrap)
-                .collect()
-                .await;
-            (name, docs)
-        }
-    };
-    let saved = [
-        backup("c").await,
-        backup("__laconic").await,
-        backup("__laconic_mark").await,
-    ];
+    let mut backup = Vec::new();
+    for name in ["c", "__laconic", "__laconic_mark"] {
+        let docs = common::stored(&db, name).await;
+        backup.push((name, docs));
+    }
     drop_through(&proxy, &db).await;
-    let Ok(start) = direct
-        .database(&db)
-        .run_command(doc! {"ping": 1})
-        .await
-        .unwrap()
-        .get_timestamp("operationTime")
-    else {
+    let Some(start) = cluster_time(&db).await else {
         return;
     };
     // Another dictionary for a while, whose first token is another name's.
@@ -762,31 +752,15 @@ async fn change_events_of_a_dictionary_replaced_by_a_restored_one_are_refused() 
         .unwrap();
     // Then the backup comes back, straight to the server.
     direct.database(&db).drop().await.unwrap();
-    for (name, docs) in &saved {
+    for (name, docs) in backup {
         direct
             .database(&db)
             .collection::<Document>(name)
-            .insert_many(docs.clone())
+            .insert_many(docs)
             .await
             .unwrap();
     }
     reads(&c, &[doc! {"_id": 1, "customerName": "Ann"}]).await;
-    let read = match c.watch().start_at_operation_time(start).await {
-        Ok(mut stream) => tokio::time::timeout(Duration::from_secs(20), stream.next())
-            .await
-            .expect("an answer within 20 s")
-            .expect("the stream goes on")
-            .map(|event| event.full_document),
-        Err(e) => Err(e),
-    };
-    let e = match read {
-        Ok(d) => panic!("an event of the replaced dictionary was read: {d:?}"),
-        Err(e) => e,
-    };
-    let (code, msg) = code_of(&e);
-    assert_eq!(code, 301, "{msg}");
-    assert!(
-        msg.starts_with(&format!("laconic: a change event of {db} is older than")),
-        "{msg}"
-    );
+    let read = first_event(c.watch().start_at_operation_time(start).await).await;
+    refused_as_older(read, &db);
 }
