@@ -435,10 +435,16 @@ impl Names for Recorder {
 //
 // In `<db>.__laconic`:
 //
-//   {_id: "dictionary", epoch, format: 2, cap, created, origin}
+//   {_id: "dictionary", epoch, format: 2, cap, created, origin, since?, settling?}
 //   {_id: "<epoch>:names/<seq>", chain: "names", epoch, seq, n, names: [...], tokens: [...], checks: [...]}
 //   {_id: "<epoch>:values/<seq>", chain: "values", epoch, seq, base, n, values: [...], checks: [...]}
 //   {_id: "migration/<collection>", direction, done, last_id, ...}
+//
+// In `<store_db>.dictionaries`, one record per database that has had a
+// dictionary (a drop of the database leaves it):
+//
+//   {_id: "<db>", made, epoch?, since?}: how many dictionaries proxies made
+//   for it, and the one it has now and since when (`NameStore::date`).
 //
 // Every entry carries a check: the first four bytes of the MD5 of the
 // dictionary's epoch, the chain, the entry and its token. A hand edit that
