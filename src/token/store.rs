@@ -438,6 +438,18 @@ pub fn concerns() -> DatabaseOptions {
         .build()
 }
 
+/// The outcome of an upsert that several proxies may race to: a duplicate
+/// key means another one's landed first, which does as well.
+fn raced(
+    r: mongodb::error::Result<mongodb::results::UpdateResult>,
+    operation: &'static str,
+) -> Result<(), StoreError> {
+    match r.map_err(|e| StoreError::from_driver(operation, e)) {
+        Err(e) if !e.is_duplicate_key() => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// The later of two cluster times, either unknown.
 fn later(a: Option<bson::Timestamp>, b: Option<bson::Timestamp>) -> Option<bson::Timestamp> {
     match (a, b) {
@@ -720,19 +732,12 @@ impl NameStore {
                     trips += 1;
                     // (A mark of another identity, found meanwhile, is read
                     // below and refuses the member.)
-                    self.coll_of_marks(db)
+                    let r = self
+                        .coll_of_marks(db)
                         .update_one(mark_filter(d), mark_raise(d))
                         .upsert(true)
-                        .await
-                        .map(|_| ())
-                        .or_else(|e| {
-                            let e = StoreError::from_driver("update", e);
-                            if e.is_duplicate_key() {
-                                Ok(())
-                            } else {
-                                Err(e)
-                            }
-                        })?;
+                        .await;
+                    raced(r, "update")?;
                 }
                 docs = self.member_records(db).await?;
                 trips += 1;
@@ -1492,22 +1497,15 @@ impl NameStore {
         let epoch = Epoch::random();
         let settling = origin == "created" && self.record(scope, true).await?;
         let since = self.cluster_time(scope).await?;
-        self.coll(scope)
+        let r = self
+            .coll(scope)
             .update_one(
                 doc! {"_id": HEAD_ID},
                 doc! {"$setOnInsert": head_document(epoch, self.inner.cap, origin, settling, since)},
             )
             .upsert(true)
-            .await
-            .map(|_| ())
-            .or_else(|e| {
-                let e = StoreError::from_driver("upsert", e);
-                if e.is_duplicate_key() {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            })?;
+            .await;
+        raced(r, "upsert")?;
         let head = self
             .coll(scope)
             .find_one(doc! {"_id": HEAD_ID})
@@ -1546,10 +1544,7 @@ impl NameStore {
             )
             .upsert(true)
             .await;
-        match r.map_err(|e| StoreError::from_driver("upsert", e)) {
-            Err(e) if !e.is_duplicate_key() => Err(e),
-            _ => Ok(()),
-        }
+        raced(r, "upsert")
     }
 
     fn ready(&self, scope: &str) -> Result<Arc<Dictionary>, StoreError> {
