@@ -126,8 +126,9 @@ pub(super) fn stale(dbs: &[String]) -> ProxyError {
 /// ([`crate::token::store::NameStore::claim`]). `dbs` are the databases
 /// its names belong to, claimed if the catalogue says `command` stores
 /// documents (asked only where one needs a claim); `into`, those it moves
-/// stored documents into besides ([`crate::rewrite::reached`]), which it writes
-/// whatever the command (a `renameCollection` is no write of the
+/// stored documents into besides ([`crate::rewrite::reached`]: an
+/// aggregation's `$out`/`$merge` target, its own database included), which
+/// it writes whatever the command (a `renameCollection` is no write of the
 /// catalogue's). A write to a member is noted ([`crate::token::NameStore::wrote`]).
 pub(super) async fn claim(
     ctx: &ProxyContext,
@@ -137,8 +138,17 @@ pub(super) async fn claim(
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(());
     };
-    let stores =
-        || catalogue::lookup(command).is_some_and(|e| e.stores != catalogue::Stores::Nothing);
+    // An aggregation's output is claimed as a database it moves documents
+    // into (`into`, its own included); one without an output writes
+    // nothing, and gets no dictionary.
+    let stores = || {
+        catalogue::lookup(command).is_some_and(|e| {
+            matches!(
+                e.stores,
+                catalogue::Stores::Data | catalogue::Stores::Everything
+            )
+        })
+    };
     let named = dbs.iter().map(|db| (db, true));
     for (db, own) in named.chain(into.iter().map(|db| (db, false))) {
         let needed = !t.store.exists(db) || t.store.unmarked(db);
@@ -250,7 +260,14 @@ pub(super) async fn expand(
         sound(ctx, &rewrite::event_databases(&reply, plan, &t.policies)?).await?;
     }
     match rewrite_reply(ctx, reply.clone(), plan, legs).await {
-        Err(ProxyError::Dictionary(Integrity::UnknownTokens { scope, .. })) => {
+        // Tokens the dictionary lacks, or a database with none: another
+        // proxy may have added them, or made it, since this one last read.
+        Err(ProxyError::Dictionary(
+            Integrity::UnknownTokens { scope, .. }
+            | Integrity::Older {
+                scope, since: None, ..
+            },
+        )) => {
             if let Some(t) = &ctx.rewrite.tokens {
                 t.store.refresh(&scope).await?;
                 if !t.store.exists(&scope) {

@@ -326,23 +326,27 @@ fn batch(body: &bson::RawDocument) -> impl Iterator<Item = &bson::RawDocument> {
 /// ([`crate::token::Dictionary::began_after`]) is refused if it holds
 /// anything to expand: a stream started before its database was dropped
 /// and written again replays events whose tokens the dictionary made since
-/// gives to other names. One that holds nothing to expand reads the same
-/// under any dictionary.
+/// gives to other names. So is one that holds tokens of a database that
+/// has no dictionary now (dropped, and not written since). One that holds
+/// nothing to expand reads the same under any dictionary.
 fn not_older(
     event: &bson::RawDocument,
     names: &Dictionary,
     db: &str,
-    policies: &Policies,
+    t: &Tokens,
 ) -> Result<(), Integrity> {
-    let (Some(since), Ok(at)) = (names.since, event.get_timestamp("clusterTime")) else {
+    let Ok(at) = event.get_timestamp("clusterTime") else {
         return Ok(());
     };
-    if names.began_after(at) && expand::raw::needed_as(event.as_bytes(), expand::Strings::Events) {
+    let gone = t.store.loaded(db) && !t.store.exists(db);
+    if (gone || names.began_after(at))
+        && expand::raw::needed_as(event.as_bytes(), expand::Strings::Events)
+    {
         return Err(Integrity::Older {
             db: db.to_owned(),
-            scope: policies.scope_of(db).to_owned(),
+            scope: t.policies.scope_of(db).to_owned(),
             at,
-            since,
+            since: names.since.filter(|_| !gone),
         });
     }
     Ok(())
@@ -396,7 +400,7 @@ fn expand_tokens(
             let names = t.store.dictionary(db)?;
             if strings == expand::Strings::Events {
                 for event in batch(body) {
-                    not_older(event, &names, db, &t.policies)?;
+                    not_older(event, &names, db, t)?;
                 }
             }
             let expanded = expand::raw_body_within(body, &*names, strings, &mut |n| room.grant(n));
@@ -462,7 +466,7 @@ fn expand_batch(
                 };
                 let names = t.store.dictionary(&db)?;
                 if strings == expand::Strings::Events {
-                    not_older(doc, &names, &db, &t.policies)?;
+                    not_older(doc, &names, &db, t)?;
                 }
                 let grow = &mut |n| room.grant(n);
                 let expanded = expand::raw_document_within(doc, &*names, strings, grow)

@@ -73,20 +73,24 @@ pub enum Integrity {
     Refilled { scope: String },
     /// A change event older than the dictionary its database is read with
     /// now (replayed by a stream started before the database was dropped
-    /// and written again): its names were another dictionary's.
+    /// and written again): its names were another dictionary's. `since`:
+    /// when the dictionary began; `None`: the database has none now.
     #[error("{}", older(.db, .at, .since))]
     Older {
         db: String,
         scope: String,
         at: bson::Timestamp,
-        since: bson::Timestamp,
+        since: Option<bson::Timestamp>,
     },
 }
 
 /// [`Integrity::Older`]'s text.
-fn older(db: &str, at: &bson::Timestamp, since: &bson::Timestamp) -> String {
+fn older(db: &str, at: &bson::Timestamp, since: &Option<bson::Timestamp>) -> String {
     let time = |t: &bson::Timestamp| format!("Timestamp({}, {})", t.time, t.increment);
-    format!("a change event of {db} is older than the dictionary {db} is read with now (the event is of {}, the dictionary began at {}): the database was dropped and written again since, its names were written with the dictionary it had then, and read with this one they could bear other names. Start the stream after {} (startAtOperationTime), or resume it from a token after that", time(at), time(since), time(since))
+    match since {
+        Some(since) => format!("a change event of {db} is older than the dictionary {db} is read with now (the event is of {}, the dictionary began at {}): the database was dropped and written again since, its names were written with the dictionary it had then, and read with this one they could bear other names. Start the stream after {} (startAtOperationTime), or resume it from a token after that", time(at), time(since), time(since)),
+        None => format!("a change event of {db} holds names of a dictionary that is gone (the event is of {}): the database was dropped since, and has no dictionary to read them with. Start the stream after the drop", time(at)),
+    }
 }
 
 /// [`Integrity::Missing`]'s text: the database that holds documents, and

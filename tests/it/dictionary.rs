@@ -764,3 +764,73 @@ async fn change_events_of_a_dictionary_replaced_by_a_restored_one_are_refused() 
     let read = first_event(c.watch().start_at_operation_time(start).await).await;
     refused_as_older(read, &db);
 }
+
+/// An aggregation without an output writes nothing: on a tokenized
+/// database that has no dictionary it makes none (on a database dropped
+/// before, that one would settle for 15 s first, and the read wait for
+/// it). One that ends in `$out` stores documents, and makes it.
+#[tokio::test]
+async fn only_an_aggregation_with_an_output_makes_a_dictionary() {
+    use futures::TryStreamExt;
+    let db = db_name("dict_aggread", "app");
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let proxy = tokenizing(&common::upstream().uri).await;
+    let c = coll(&proxy, &db).await;
+    let head = || async {
+        direct
+            .database(&db)
+            .collection::<Document>("__laconic")
+            .find_one(doc! {"_id": "dictionary"})
+            .await
+            .unwrap()
+    };
+    let read: Vec<Document> = c
+        .aggregate(vec![doc! {"$match": {"customerName": "Ann"}}])
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(read.is_empty());
+    assert_eq!(head().await, None, "a read made a dictionary");
+    c.aggregate(vec![doc! {"$match": {}}, doc! {"$out": "o"}])
+        .await
+        .unwrap()
+        .try_collect::<Vec<Document>>()
+        .await
+        .unwrap();
+    assert!(head().await.is_some(), "an $out made no dictionary");
+}
+
+/// A stream started before a database was dropped, read while the
+/// database has no dictionary at all (nothing was written since, and a
+/// read makes none): its events hold the dropped dictionary's tokens,
+/// which nothing can read now. Refused (301), saying so, not as tokens a
+/// dictionary lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_events_of_a_dropped_database_without_a_dictionary_are_refused() {
+    let db = db_name("dict_goneevents", "app");
+    common::direct().await.database(&db).drop().await.unwrap();
+    let proxy = tokenizing(&common::upstream().uri).await;
+    let c = coll(&proxy, &db).await;
+    let Some(start) = cluster_time(&db).await else {
+        return;
+    };
+    c.insert_one(doc! {"_id": 1, "customerName": "Ann"})
+        .await
+        .unwrap();
+    drop_through(&proxy, &db).await;
+    let e = match first_event(c.watch().start_at_operation_time(start).await).await {
+        Ok(d) => panic!("an event of a dropped dictionary was read: {d:?}"),
+        Err(e) => e,
+    };
+    let (code, msg) = code_of(&e);
+    assert_eq!(code, 301, "{msg}");
+    assert!(
+        msg.starts_with(&format!(
+            "laconic: a change event of {db} holds names of a dictionary that is gone"
+        )),
+        "{msg}"
+    );
+}
