@@ -656,6 +656,24 @@ fn refused_as_older(read: mongodb::error::Result<Option<Document>>, db: &str) {
     );
 }
 
+/// `db` written through a fresh proxy (`{_id: 1, customerName: "Ann"}`),
+/// then dropped through it: the proxy, its collection, and the upstream's
+/// cluster time before the write (`None` from a standalone server, which
+/// has no change streams).
+async fn written_then_dropped(
+    db: &str,
+) -> Option<(ProxyHandle, Collection<Document>, bson::Timestamp)> {
+    common::direct().await.database(db).drop().await.unwrap();
+    let proxy = tokenizing(&common::upstream().uri).await;
+    let c = coll(&proxy, db).await;
+    let start = cluster_time(db).await?;
+    c.insert_one(doc! {"_id": 1, "customerName": "Ann"})
+        .await
+        .unwrap();
+    drop_through(&proxy, db).await;
+    Some((proxy, c, start))
+}
+
 /// A change stream started from before a database was dropped replays
 /// the events of the dropped dictionary's documents, whose tokens the
 /// new dictionary gives to other names: such an event is refused (301,
@@ -668,16 +686,9 @@ fn refused_as_older(read: mongodb::error::Result<Option<Document>>, db: &str) {
 async fn change_events_older_than_the_dictionary_are_never_read_with_it() {
     let db = db_name("dict_oldevents", "app");
     let direct = common::direct().await;
-    direct.database(&db).drop().await.unwrap();
-    let proxy = tokenizing(&common::upstream().uri).await;
-    let c = coll(&proxy, &db).await;
-    let Some(start) = cluster_time(&db).await else {
+    let Some((proxy, c, start)) = written_then_dropped(&db).await else {
         return;
     };
-    c.insert_one(doc! {"_id": 1, "customerName": "Ann"})
-        .await
-        .unwrap();
-    drop_through(&proxy, &db).await;
     // The new dictionary (once it settles) gives its first token to
     // another name.
     c.insert_one(doc! {"_id": 2, "anotherName": "Bob"})
@@ -811,16 +822,9 @@ async fn only_an_aggregation_with_an_output_makes_a_dictionary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn change_events_of_a_dropped_database_without_a_dictionary_are_refused() {
     let db = db_name("dict_goneevents", "app");
-    common::direct().await.database(&db).drop().await.unwrap();
-    let proxy = tokenizing(&common::upstream().uri).await;
-    let c = coll(&proxy, &db).await;
-    let Some(start) = cluster_time(&db).await else {
+    let Some((_proxy, c, start)) = written_then_dropped(&db).await else {
         return;
     };
-    c.insert_one(doc! {"_id": 1, "customerName": "Ann"})
-        .await
-        .unwrap();
-    drop_through(&proxy, &db).await;
     let e = match first_event(c.watch().start_at_operation_time(start).await).await {
         Ok(d) => panic!("an event of a dropped dictionary was read: {d:?}"),
         Err(e) => e,
