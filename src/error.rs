@@ -45,6 +45,11 @@ pub enum ProxyError {
     /// refused rather than answered under wrong names.
     #[error(transparent)]
     Dictionary(#[from] crate::token::Integrity),
+    /// A collection whose documents are stored with other tokenize
+    /// settings than this proxy's, as recorded beside them: rewritten
+    /// with this proxy's, its queries would miss documents.
+    #[error("{0}")]
+    Settings(Box<crate::token::form::Conflict>),
     /// A reply that expansion would make larger than a message may be
     /// (the bytes it would be, or at least be).
     #[error("the reply would be {} bytes with logical names, over the 48,000,000-byte message limit; use a smaller batchSize", match .1 { true => format!("more than {}", .0), false => .0.to_string() })]
@@ -88,6 +93,12 @@ pub enum ProxyError {
     Internal(String),
 }
 
+impl From<crate::token::form::Conflict> for ProxyError {
+    fn from(c: crate::token::form::Conflict) -> ProxyError {
+        ProxyError::Settings(Box::new(c))
+    }
+}
+
 impl ProxyError {
     pub fn side(&self) -> Side {
         match self {
@@ -101,9 +112,10 @@ impl ProxyError {
             | ProxyError::WorkBudget { .. }
             | ProxyError::Overflow => Side::Downstream,
             ProxyError::MemoryLimit(_) => Side::Internal,
-            ProxyError::Store(_) | ProxyError::Dictionary(_) | ProxyError::Migration { .. } => {
-                Side::Upstream
-            }
+            ProxyError::Store(_)
+            | ProxyError::Dictionary(_)
+            | ProxyError::Settings(_)
+            | ProxyError::Migration { .. } => Side::Upstream,
             ProxyError::ReplyTooLarge(..) => Side::Upstream,
             ProxyError::Internal(_) => Side::Internal,
         }
@@ -132,6 +144,7 @@ impl ProxyError {
             ProxyError::Store(StoreError::Integrity(_)) | ProxyError::Dictionary(_) => {
                 (301, "DataCorruptionDetected")
             }
+            ProxyError::Settings(_) => (72, "InvalidOptions"),
             ProxyError::Store(StoreError::Exhausted(_)) => (1, "InternalError"),
             ProxyError::Store(StoreError::TimedOut(_)) => (89, "NetworkTimeout"),
             ProxyError::Store(StoreError::Stale(_)) => (262, "ExceededTimeLimit"),
@@ -166,6 +179,7 @@ impl ProxyError {
                 | ProxyError::Migration { .. }
                 | ProxyError::Store(_)
                 | ProxyError::Dictionary(_)
+                | ProxyError::Settings(_)
                 | ProxyError::ReplyTooLarge(..)
         )
     }

@@ -261,6 +261,9 @@ impl Exchange {
         let admitted = Instant::now();
         for _ in 0..3 {
             let marks = tokens::marks(ctx);
+            if let Message::Msg(m) = self.frame.message() {
+                tokens::alike(ctx, m)?;
+            }
             // Rewritten once; again only if it named something the
             // dictionaries lacked (stored names get tokens first).
             let mut rewritten = self.rewrite(ctx, &state.legs, dbs).await?;
@@ -289,6 +292,9 @@ impl Exchange {
                 }
             }
             tokens::claim(ctx, (dbs, &self.command), into).await?;
+            if let Message::Msg(m) = self.frame.message() {
+                tokens::record(ctx, m).await?;
+            }
             migration::convert_ahead(ctx, &self.frame, &self.command).await?;
             if tokens::still_current(ctx, touched, marks, admitted).await? {
                 self.plan = rewritten.plan;
@@ -389,8 +395,10 @@ impl Exchange {
         let frame = replied.frame;
         if let Some(m) = frame.op_msg() {
             state.auth.observe(&self.command, m.body());
-            if self.command == "dropDatabase" {
-                tokens::dropped(ctx, &self.frame);
+            match self.command.as_str() {
+                "dropDatabase" => tokens::dropped(ctx, &self.frame),
+                "drop" | "renameCollection" => tokens::removed(ctx, &self.frame, &frame).await,
+                _ => {}
             }
             if let (ReplyPlan::Rewrite(rules), Some(physical)) = (&self.plan, physical) {
                 if let Some(rewrite::Expansion::One(db)) = &rules.kind.expand {

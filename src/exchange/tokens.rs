@@ -13,6 +13,7 @@ use crate::error::ProxyError;
 use crate::rewrite::names::Misses;
 use crate::rewrite::walker::Fields;
 use crate::rewrite::{self, catalogue, LegState, Replied, ReplyPlan};
+use crate::token::form::Form;
 use crate::token::store::READY_WITHIN;
 use crate::token::Integrity;
 use crate::upstream::Leg;
@@ -162,6 +163,73 @@ pub(super) async fn claim(
         }
     }
     Ok(())
+}
+
+/// Before a command that stores documents or names into collections is
+/// forwarded: each of them in a tokenized database that has no settings
+/// record yet gets one, of this proxy's settings for it
+/// ([`crate::token::form`]); another proxy's, recorded first, may say
+/// otherwise, and the command is then refused, as [`alike`] refuses.
+pub(super) async fn record(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(());
+    };
+    for (db, coll) in rewrite::stored_into(m) {
+        if t.policies.applies_to(db) && !t.policies.forms.has(db, coll) {
+            let own = Form::of(t.policies.stored_form(db, coll));
+            let trips = t.store.record_form(db, coll, &own).await?.1 .0;
+            ctx.metrics.store_round_trips(trips);
+            if let Some(conflict) = t.policies.conflict(db, coll) {
+                return Err(conflict.into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a command naming a collection of a tokenized database whose
+/// settings, as recorded beside it, are not this proxy's: rewritten with
+/// its own, the command would miss documents stored with the others, or
+/// store documents that queries through other proxies miss.
+pub(super) fn alike(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyError> {
+    let Some(t) = &ctx.rewrite.tokens else {
+        return Ok(());
+    };
+    for (db, coll) in rewrite::collections(m) {
+        if let Some(conflict) = t.policies.conflict(db, coll) {
+            return Err(conflict.into());
+        }
+    }
+    Ok(())
+}
+
+/// After a successful `drop` of a collection, or a `renameCollection` of
+/// one: its settings record goes, so that a collection made again under
+/// its name may have other settings.
+pub(super) async fn removed(ctx: &ProxyContext, request: &Frame, reply: &Frame) {
+    let (Some(t), Some(m), Some(r)) = (&ctx.rewrite.tokens, request.op_msg(), reply.op_msg())
+    else {
+        return;
+    };
+    if r.body().field("ok").and_then(|e| e.number()) != Some(1.0) {
+        return;
+    }
+    let body = m.body();
+    let gone = match body.first().and_then(|e| Some((e.name()?, e.str()?))) {
+        Some(("drop", coll)) => body.str_field("$db").map(|db| (db, coll)),
+        Some(("renameCollection", from)) => from.split_once('.'),
+        _ => None,
+    };
+    let Some((db, coll)) = gone.filter(|(db, _)| t.policies.applies_to(db)) else {
+        return;
+    };
+    match t.store.remove_form(db, coll).await {
+        Ok(trips) => ctx.metrics.store_round_trips(trips.0),
+        // Left in place, it refuses only a proxy with other settings.
+        Err(e) => {
+            tracing::warn!(db = ?db, collection = ?coll, "the settings record of a dropped collection was not removed: {e}")
+        }
+    }
 }
 
 /// After a `dropDatabase` (whatever its outcome): the database's dictionary

@@ -19,6 +19,8 @@
 use bson::{RawBsonRef, RawDocument};
 
 use crate::error::ProxyError;
+use crate::rewrite::catalogue::{self, Entry, Stores};
+use crate::rewrite::command;
 use crate::rewrite::walker::Fields;
 use crate::token::dictionary::COLLECTION;
 use crate::token::store::MARK_COLLECTION;
@@ -110,34 +112,129 @@ pub fn reached(m: &OpMsg, policies: &Policies) -> Reached {
         }
         Reached::add(&mut reached.into, mv.into.0, policies);
     }
-    let body = m.body();
-    if body.first().and_then(|e| e.name()) == Some("aggregate") {
-        if let Ok(pipeline) = body.get_array("pipeline") {
-            pipeline_reads(
-                pipeline,
-                &mut |db| Reached::add(&mut reached.read, db, policies),
-                0,
-            );
-        }
+    if let Some(pipeline) = aggregated(m.body()) {
+        pipeline_reads(
+            pipeline,
+            &mut |db, _| {
+                if let Some(db) = db {
+                    Reached::add(&mut reached.read, db, policies)
+                }
+            },
+            0,
+        );
     }
     reached
 }
 
-/// Calls `read` with the database of every namespace `{db, coll}` a
-/// pipeline's stages read (sub-pipelines and `$facet`s included).
-fn pipeline_reads(pipeline: &bson::RawArray, read: &mut dyn FnMut(&str), depth: usize) {
+/// An `aggregate`'s pipeline.
+fn aggregated(body: &RawDocument) -> Option<&bson::RawArray> {
+    if body.first().and_then(|e| e.name()) != Some("aggregate") {
+        return None;
+    }
+    body.get_array("pipeline").ok()
+}
+
+/// The collections a command names whose stored form its rewrite turns on,
+/// as `(db, coll)`: its own (for a command the catalogue rewrites, or an
+/// `explain` of one), a `bulkWrite`'s namespaces, those its pipeline reads
+/// (`$lookup`, `$graphLookup`, `$unionWith`, at any depth) and both sides
+/// of every [`Move`]. A proxy whose settings for one of them are not those
+/// recorded for it refuses the command ([`crate::token::form`]).
+pub fn collections(m: &OpMsg) -> Vec<(&str, &str)> {
+    let body = m.body();
+    let db = body.str_field("$db").unwrap_or_default();
+    let mut found = own_collections(m, |e| !e.slots.is_empty() || e.stores != Stores::Nothing);
+    if body.first().and_then(|e| e.name()) == Some("explain") {
+        if let Some(coll) = body
+            .doc_field("explain")
+            .and_then(|inner| inner.first())
+            .and_then(|e| e.str())
+        {
+            found.push((db, coll));
+        }
+    }
+    if let Some(pipeline) = aggregated(body) {
+        pipeline_reads(
+            pipeline,
+            &mut |d, coll| found.push((d.unwrap_or(db), coll)),
+            0,
+        );
+    }
+    for mv in moves(m) {
+        if let Source::Namespace(d, c) = mv.from {
+            found.push((d, c));
+        }
+        found.push(mv.into);
+    }
+    found.retain(|(_, c)| !c.is_empty());
+    found
+}
+
+/// The collections a command stores documents or names into, as `(db,
+/// coll)`: its own, for a command the catalogue says stores them (`Data`
+/// or `Everything`; a `bulkWrite`'s namespaces), and the target of every
+/// [`Move`] (an aggregation's `$out`/`$merge` among them). Their settings
+/// are recorded before it is sent ([`crate::token::form`]).
+pub fn stored_into(m: &OpMsg) -> Vec<(&str, &str)> {
+    let mut found = own_collections(m, |e| matches!(e.stores, Stores::Data | Stores::Everything));
+    found.extend(moves(m).into_iter().map(|mv| mv.into));
+    found.retain(|(_, c)| !c.is_empty() && !internal(c) && !c.starts_with("system."));
+    found
+}
+
+/// The collection a command addresses, or a `bulkWrite`'s namespaces, if
+/// its catalogue entry is `wanted`.
+fn own_collections(m: &OpMsg, wanted: impl Fn(&Entry) -> bool) -> Vec<(&str, &str)> {
+    let body = m.body();
+    let Some(entry) = body
+        .first()
+        .and_then(|e| e.name())
+        .and_then(catalogue::lookup)
+        .filter(|e| wanted(e))
+    else {
+        return Vec::new();
+    };
+    if entry.name == "bulkWrite" {
+        return command::documents(m, "nsInfo")
+            .into_iter()
+            .filter_map(|d| d.get_str("ns").ok()?.split_once('.'))
+            .collect();
+    }
+    let db = body.str_field("$db").unwrap_or_default();
+    body.first()
+        .and_then(|e| e.str())
+        .map(|coll| (db, coll))
+        .into_iter()
+        .collect()
+}
+
+/// Calls `read` with every collection a pipeline's stages read
+/// (sub-pipelines and `$facet`s included): its database if the stage
+/// names one, and its name (empty if it names none).
+fn pipeline_reads<'a>(
+    pipeline: &'a bson::RawArray,
+    read: &mut dyn FnMut(Option<&'a str>, &'a str),
+    depth: usize,
+) {
     if depth > crate::rewrite::MAX_DEPTH {
         return;
     }
     for stage in pipeline.into_iter().flatten() {
-        let Some((name, RawBsonRef::Document(spec))) =
-            stage.as_document().and_then(|d| d.into_iter().next()?.ok())
-        else {
+        let Some((name, arg)) = stage.as_document().and_then(|d| d.into_iter().next()?.ok()) else {
             continue;
         };
-        let namespace = match name {
-            "$lookup" | "$graphLookup" => spec.get_document("from").ok(),
-            "$unionWith" => Some(spec),
+        let spec = match (name, arg) {
+            // `{$unionWith: "coll"}`.
+            ("$unionWith", RawBsonRef::String(coll)) => {
+                read(None, coll);
+                continue;
+            }
+            (_, RawBsonRef::Document(spec)) => spec,
+            _ => continue,
+        };
+        let source = match name {
+            "$lookup" | "$graphLookup" => spec.get("from").ok().flatten(),
+            "$unionWith" => Some(RawBsonRef::Document(spec)),
             "$facet" => {
                 for (_, v) in spec.into_iter().flatten() {
                     if let RawBsonRef::Array(sub) = v {
@@ -148,8 +245,13 @@ fn pipeline_reads(pipeline: &bson::RawArray, read: &mut dyn FnMut(&str), depth: 
             }
             _ => None,
         };
-        if let Some(db) = namespace.and_then(|ns| ns.get_str("db").ok()) {
-            read(db);
+        match source {
+            Some(RawBsonRef::String(coll)) => read(None, coll),
+            Some(RawBsonRef::Document(ns)) => read(
+                ns.get_str("db").ok(),
+                ns.get_str("coll").unwrap_or_default(),
+            ),
+            _ => {}
         }
         if let Ok(sub) = spec.get_array("pipeline") {
             pipeline_reads(sub, read, depth + 1);
@@ -417,6 +519,73 @@ mod tests {
             Err(ProxyError::Unsupported(m)) => Some(m),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    #[test]
+    fn every_collection_a_command_names_and_those_it_stores_into() {
+        let named = |body: Document| {
+            let m = msg(body);
+            let list = |v: Vec<(&str, &str)>| -> Vec<String> {
+                v.into_iter().map(|(d, c)| format!("{d}.{c}")).collect()
+            };
+            (list(collections(&m)), list(stored_into(&m)))
+        };
+        assert_eq!(
+            named(doc! {"find": "users", "filter": {}, "$db": "app"}),
+            (vec!["app.users".to_owned()], vec![])
+        );
+        assert_eq!(
+            named(doc! {"insert": "users", "documents": [], "$db": "app"}),
+            (vec!["app.users".to_owned()], vec!["app.users".to_owned()])
+        );
+        // Names no field: nothing to rewrite, nothing recorded.
+        assert_eq!(
+            named(doc! {"drop": "users", "$db": "app"}),
+            (vec![], vec![])
+        );
+        assert_eq!(
+            named(doc! {"explain": {"count": "users"}, "$db": "app"}),
+            (vec!["app.users".to_owned()], vec![])
+        );
+        let (reads, into) = named(doc! {
+            "aggregate": "users",
+            "pipeline": [
+                {"$lookup": {"from": "orders", "as": "o", "pipeline": [
+                    {"$unionWith": "returns"},
+                ]}},
+                {"$facet": {"f": [{"$graphLookup": {"from": {"db": "other", "coll": "tree"}}}]}},
+                {"$unionWith": {"coll": "archive", "db": "old"}},
+                {"$merge": {"into": {"db": "out", "coll": "report"}}},
+            ],
+            "$db": "app",
+        });
+        assert_eq!(
+            reads,
+            [
+                "app.users",
+                "app.orders",
+                "app.returns",
+                "other.tree",
+                "old.archive",
+                "out.report"
+            ]
+        );
+        assert_eq!(into, ["out.report"]);
+        let (reads, into) = named(doc! {
+            "renameCollection": "app.users", "to": "app.people", "$db": "admin",
+        });
+        assert_eq!(
+            (reads, into),
+            (
+                vec!["app.users".to_owned(), "app.people".to_owned()],
+                vec!["app.people".to_owned()]
+            )
+        );
+        // The dictionary's own collections are never recorded.
+        assert_eq!(
+            named(doc! {"createIndexes": "__laconic", "indexes": [], "$db": "app"}).1,
+            Vec::<String>::new()
+        );
     }
 
     const OTHER: &str = "its database has another dictionary (databases that share one are configured in [[proxy.tokenize.dictionaries]])";

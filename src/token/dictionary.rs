@@ -439,6 +439,8 @@ impl Names for Recorder {
 //   {_id: "<epoch>:names/<seq>", chain: "names", epoch, seq, n, names: [...], tokens: [...], checks: [...]}
 //   {_id: "<epoch>:values/<seq>", chain: "values", epoch, seq, base, n, values: [...], checks: [...]}
 //   {_id: "migration/<collection>", direction, done, last_id, ...}
+//   {_id: "settings/<collection>", min_len, custom_paths, value_paths, recorded}
+//     (how the collection's documents are stored: `super::form`)
 //
 // In `<store_db>.dictionaries`, one record per database that has had a
 // dictionary (a drop of the database leaves it):

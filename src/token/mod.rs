@@ -2,6 +2,7 @@
 //! names their tokens, and the name store that keeps them in the upstream.
 
 pub mod dictionary;
+pub mod form;
 pub mod layout;
 pub mod namespace;
 pub mod order;

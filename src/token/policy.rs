@@ -246,6 +246,8 @@ pub struct Policies {
     rules: Vec<(String, Policy)>,
     /// Collections `laconic migrate` is rewriting now ("db.coll").
     pub migrating: std::sync::Arc<Migrating>,
+    /// The settings recorded for collections ([`super::form`]).
+    pub forms: std::sync::Arc<super::form::Forms>,
     /// Commands and aggregation stages unknown to the rewriter that the
     /// operator has declared free of field names: forwarded as they are.
     pub pass_through: Vec<String>,
@@ -282,6 +284,7 @@ impl Policies {
             rules: Vec::new(),
             pass_through: Vec::new(),
             migrating: Default::default(),
+            forms: Default::default(),
             groups: Vec::new(),
         }
     }
@@ -380,6 +383,12 @@ impl Policies {
     /// `db`'s dictionary), or, `None`, as they are.
     pub fn stored_form(&self, db: &str, coll: &str) -> Option<&Policy> {
         Some(self.get(db, coll)).filter(|p| p.applies_to(db))
+    }
+
+    /// Why this proxy may not rewrite a command naming `db.coll`: the
+    /// settings recorded for it are not its own ([`super::form`]).
+    pub fn conflict(&self, db: &str, coll: &str) -> Option<super::form::Conflict> {
+        self.forms.conflict(db, coll, self.stored_form(db, coll))
     }
 
     /// Why documents of `from_db` stored as `from` says (`None`: as they

@@ -50,6 +50,7 @@ use super::dictionary::{
     build, chain_id, check, empty_chain_document, head_document, parse_head, Dictionary, Epoch,
     COLLECTION, HEAD_ID, SETTLING, SINCE, SPOILED,
 };
+use super::form::{self, Form};
 use super::namespace::Token;
 use super::policy::{Migration, Policies, State as MigrationState};
 use super::{Integrity, Names};
@@ -744,7 +745,7 @@ impl NameStore {
                 unmarked = !marked(&docs);
             }
         }
-        self.note_migrations(db, &docs);
+        self.note_markers(db, &docs);
         let mark = docs
             .iter()
             .find(|d| d.get_str("_id") == Ok("__mark"))
@@ -823,7 +824,7 @@ impl NameStore {
                 .aggregate(vec![
                     doc! {"$match": {"_id": "mark"}},
                     doc! {"$set": {"_id": "__mark"}},
-                    doc! {"$unionWith": {"coll": COLLECTION, "pipeline": [{"$match": {"_id": {"$regex": "^migration/"}}}]}},
+                    doc! {"$unionWith": {"coll": COLLECTION, "pipeline": [{"$match": {"_id": {"$regex": "^(migration|settings)/"}}}]}},
                 ])
                 .await
                 .map_err(|e| StoreError::from_driver("aggregate", e))?
@@ -1093,16 +1094,18 @@ impl NameStore {
             })
         };
         if built_from == Some(digest) {
-            // Migration markers are read again all the same: they are few.
+            // Migration markers and settings records are read again all
+            // the same: they are few.
             let markers = raw
                 .iter()
                 .filter(|d| {
-                    d.get_str("_id")
-                        .is_ok_and(|id| id.starts_with("migration/"))
+                    d.get_str("_id").is_ok_and(|id| {
+                        id.starts_with("migration/") || form::record_of(id).is_some()
+                    })
                 })
                 .map(decode)
                 .collect::<Result<Vec<_>, _>>()?;
-            self.note_migrations(scope, &markers);
+            self.note_markers(scope, &markers);
             return Ok((previous.clone(), RoundTrips(1), digest));
         }
         let mut docs = raw.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
@@ -1111,7 +1114,7 @@ impl NameStore {
             _ => None,
         };
         let mut trips = 1;
-        self.note_migrations(scope, &docs);
+        self.note_markers(scope, &docs);
         let head = docs.iter().find(|d| d.get_str("_id") == Ok(HEAD_ID));
         let chain: Vec<Document> = docs
             .iter()
@@ -1356,7 +1359,10 @@ impl NameStore {
         *state = new;
     }
 
-    fn note_migrations(&self, db: &str, docs: &[Document]) {
+    /// Notes the migration markers and settings records of `db` among the
+    /// documents of its `__laconic`.
+    fn note_markers(&self, db: &str, docs: &[Document]) {
+        self.inner.policies.forms.set_db(db, form::records(docs));
         let states = docs.iter().filter_map(|d| {
             let coll = d.get_str("_id").ok()?.strip_prefix("migration/")?;
             let reverse = match d.get_str("direction") {
@@ -1429,6 +1435,63 @@ impl NameStore {
             trips += INIT_TRIPS;
         }
         Ok(RoundTrips(trips + self.mark_member(db, scope).await?.0))
+    }
+
+    /// The settings `db.coll`'s documents are stored with, recorded before
+    /// its first write through a proxy ([`form`]): `form`, this proxy's,
+    /// unless another proxy or `laconic migrate` recorded others first.
+    /// Returns the record (`None`: it does not read as settings).
+    pub async fn record_form(
+        &self,
+        db: &str,
+        coll: &str,
+        own: &Form,
+    ) -> Result<(Option<Form>, RoundTrips), StoreError> {
+        let id = format!("{}{coll}", form::RECORD_PREFIX);
+        let mut set = own.to_document();
+        set.insert("recorded", bson::DateTime::now());
+        let mut trips = 0;
+        // Two proxies racing to insert it: the loser reads the winner's.
+        let record = loop {
+            trips += 1;
+            let r = within_lease("findAndModify", async {
+                self.coll(db)
+                    .find_one_and_update(doc! {"_id": &id}, doc! {"$setOnInsert": &set})
+                    .upsert(true)
+                    .return_document(ReturnDocument::After)
+                    .await
+                    .map_err(|e| StoreError::from_driver("findAndModify", e))
+            })
+            .await;
+            match r {
+                Ok(Some(record)) => break record,
+                Err(e) if e.is_duplicate_key() && trips < 3 => continue,
+                Ok(None) => {
+                    return Err(StoreError::Exhausted(format!(
+                        "the settings record of {db}.{coll} was not written"
+                    )))
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let recorded = Form::from_document(&record);
+        self.inner.policies.forms.note(db, coll, recorded.clone());
+        Ok((recorded, RoundTrips(trips)))
+    }
+
+    /// Removes the settings record of `db.coll`, dropped through this proxy:
+    /// the collection may be made again with other settings.
+    pub async fn remove_form(&self, db: &str, coll: &str) -> Result<RoundTrips, StoreError> {
+        let id = format!("{}{coll}", form::RECORD_PREFIX);
+        within_lease("delete", async {
+            self.coll(db)
+                .delete_one(doc! {"_id": id})
+                .await
+                .map_err(|e| StoreError::from_driver("delete", e))
+        })
+        .await?;
+        self.inner.policies.forms.forget(db, coll);
+        Ok(RoundTrips(1))
     }
 
     /// Whether `db` shares a group's dictionary that its mark, as this

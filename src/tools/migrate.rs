@@ -34,6 +34,7 @@ use crate::config::TokenizeConfig;
 use crate::convert::Target;
 use crate::rewrite::expand;
 use crate::rewrite::mapper::paths as tokenize;
+use crate::token::form::{self, Form};
 use crate::token::store::MIGRATION_NOTICE;
 use crate::token::{NameStore, Policy};
 
@@ -93,6 +94,10 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
     let state_id = format!("migration/{}", opts.collection);
     let label = format!("{}.{}", opts.db, opts.collection);
     let last = resume_point(&state_coll, &state_id, &label, opts.reverse).await?;
+    let form = Form::of(Some(&policy));
+    if !opts.reverse {
+        settings_alike(&state_coll, &opts.collection, &label, &form).await?;
+    }
     let (size_before, storage_before) = coll_stats(&db, &opts.collection).await;
     let total = coll.estimated_document_count().await.unwrap_or(0);
     store.refresh(&opts.db).await?;
@@ -134,7 +139,14 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
         });
     }
 
-    announce(&state_coll, &state_id, opts.reverse).await?;
+    announce(
+        &state_coll,
+        &state_id,
+        opts.reverse,
+        &opts.collection,
+        &form,
+    )
+    .await?;
 
     let bar = opts.progress.then(|| progress_bar(total));
     let mut summary = Summary {
@@ -172,6 +184,13 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
         rebuild_index(&db, &opts.collection, name, key).await?;
         summary.indexes_rebuilt.push(name.clone());
     }
+    if opts.reverse {
+        // Written back to full names, it is stored with no settings: a
+        // later migration into tokens records its own.
+        state_coll
+            .delete_one(doc! {"_id": settings_id(&opts.collection)})
+            .await?;
+    }
     state_coll
         .update_one(
             doc! {"_id": &state_id},
@@ -193,10 +212,16 @@ pub async fn run(opts: &Options) -> crate::tools::Result<Summary> {
 /// it reads them again first), so after [`MIGRATION_NOTICE`] every proxy
 /// writes the collection knowing of this one (and matches both forms)
 /// before anything changes.
+///
+/// A migration into tokens records the settings it migrates with
+/// ([`crate::token::form`]), after the marker: from then on, proxies given
+/// other settings refuse the collection.
 async fn announce(
     state_coll: &Collection<Document>,
     state_id: &str,
     reverse: bool,
+    coll: &str,
+    form: &Form,
 ) -> crate::tools::Result<()> {
     state_coll
         .update_one(
@@ -206,12 +231,61 @@ async fn announce(
         )
         .upsert(true)
         .await?;
+    if !reverse {
+        let mut record = form.to_document();
+        record.insert("recorded", bson::DateTime::now());
+        state_coll
+            .update_one(doc! {"_id": settings_id(coll)}, doc! {"$set": record})
+            .upsert(true)
+            .await?;
+    }
     tracing::info!(
         wait = ?MIGRATION_NOTICE,
         "migration announced; waiting for every proxy to know of it before the first change"
     );
     tokio::time::sleep(MIGRATION_NOTICE).await;
     Ok(())
+}
+
+fn settings_id(coll: &str) -> String {
+    format!("{}{coll}", form::RECORD_PREFIX)
+}
+
+/// Refuses a migration into tokens given other settings than those
+/// recorded for the collection ([`crate::token::form`]), unless it was
+/// written back to full names since: while a collection migrates, proxies
+/// match two forms, the one it goes to and full names, and its documents
+/// still stored with the recorded settings would be in a third. To change
+/// a collection's settings, it is migrated back first (`--reverse` needs
+/// no settings: it reads tokens whatever wrote them), then into tokens
+/// with the new ones. A record that does not read as settings is replaced.
+async fn settings_alike(
+    state_coll: &Collection<Document>,
+    coll: &str,
+    label: &str,
+    form: &Form,
+) -> crate::tools::Result<()> {
+    let Some(record) = state_coll.find_one(doc! {"_id": settings_id(coll)}).await? else {
+        return Ok(());
+    };
+    let Some(recorded) = Form::from_document(&record) else {
+        return Ok(());
+    };
+    if recorded == *form {
+        return Ok(());
+    }
+    let marker = state_coll
+        .find_one(doc! {"_id": format!("migration/{coll}")})
+        .await?;
+    let reversed = marker.is_some_and(|m| {
+        m.get_bool("done").unwrap_or(false) && m.get_str("direction") == Ok("reverse")
+    });
+    if reversed {
+        return Ok(());
+    }
+    crate::tools::bail!(
+        "{label} is stored with other tokenize settings ({recorded}) than these ({form}): run `laconic migrate --reverse` first, then migrate with the new settings"
+    )
 }
 
 /// Where an unfinished migration of the same direction stopped (the start

@@ -22,6 +22,7 @@ mod observe;
 mod passthrough;
 mod pymongo;
 mod schema;
+mod settings;
 mod shard_key;
 mod shutdown;
 mod threads;
