@@ -173,8 +173,9 @@ fn command_label(command: &str) -> &'static str {
 /// at 0 from the start: a counter's series that first appears at 1 gives
 /// `increase()` nothing to compare its first sample with, and the first
 /// such error would go unseen.
-const WATCHED: [(&str, Side); 6] = [
+const WATCHED: [(&str, Side); 7] = [
     ("DataCorruptionDetected", Side::Upstream),
+    ("InvalidOptions", Side::Upstream),
     ("HostUnreachable", Side::Upstream),
     ("NetworkTimeout", Side::Upstream),
     ("ExceededMemoryLimit", Side::Internal),

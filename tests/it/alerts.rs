@@ -302,6 +302,27 @@ async fn the_alerts_fire_on_the_failures_they_name_and_only_there() {
         names(&["LaconicRefusedCommands"])
     );
 
+    // A proxy given other settings than those the collection is stored
+    // with (recorded by the first proxy's insert above).
+    let mut config = with_metrics(&common::upstream().uri);
+    config.tokenize.min_len = 6;
+    let other = common::start(config).await;
+    let other_metrics = other.metrics_addr.unwrap();
+    let before = scrape(other_metrics).await;
+    let err = common::via_proxy(&other)
+        .await
+        .database(&db)
+        .collection::<Document>("c")
+        .find_one(doc! {"score_value": 1})
+        .await
+        .unwrap_err();
+    assert_eq!(common::command_error(err).code, 72);
+    let after = scrape(other_metrics).await;
+    assert_eq!(
+        firing(&rules, &before, &after),
+        names(&["LaconicSettingsDiffer"])
+    );
+
     // A dictionary edited by hand: the database is refused, and reads fail
     // closed.
     let before = scrape(metrics).await;
