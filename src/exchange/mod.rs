@@ -262,7 +262,7 @@ impl Exchange {
         for _ in 0..3 {
             let marks = tokens::marks(ctx);
             if let Message::Msg(m) = self.frame.message() {
-                tokens::alike(ctx, m)?;
+                tokens::alike(ctx, m).await?;
             }
             // Rewritten once; again only if it named something the
             // dictionaries lacked (stored names get tokens first).

@@ -13,7 +13,7 @@ use crate::error::ProxyError;
 use crate::rewrite::names::Misses;
 use crate::rewrite::walker::Fields;
 use crate::rewrite::{self, catalogue, LegState, Replied, ReplyPlan};
-use crate::token::form::Form;
+use crate::token::form::{Conflict, Form, Found};
 use crate::token::store::READY_WITHIN;
 use crate::token::Integrity;
 use crate::upstream::Leg;
@@ -177,7 +177,7 @@ pub(super) async fn record(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyErr
     for (db, coll) in rewrite::stored_into(m) {
         if t.policies.applies_to(db) && !t.policies.forms.has(db, coll) {
             let own = Form::of(t.policies.stored_form(db, coll));
-            let trips = t.store.record_form(db, coll, &own).await?.1 .0;
+            let trips = t.store.record_form(db, coll, &own).await?.0;
             ctx.metrics.store_round_trips(trips);
             if let Some(conflict) = t.policies.conflict(db, coll) {
                 return Err(conflict.into());
@@ -187,17 +187,35 @@ pub(super) async fn record(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyErr
     Ok(())
 }
 
-/// Refuses a command naming a collection of a tokenized database whose
-/// settings, as recorded beside it, are not this proxy's: rewritten with
-/// its own, the command would miss documents stored with the others, or
-/// store documents that queries through other proxies miss.
-pub(super) fn alike(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyError> {
+/// Refuses a command naming a collection whose documents are stored
+/// otherwise than this proxy's settings would store them: in a tokenized
+/// database, its settings as recorded beside it are not this proxy's; in
+/// a database this proxy tokenizes nothing in, the database holds a
+/// dictionary (other proxies tokenize it). Rewritten with this proxy's
+/// settings, the command would miss documents stored with the others,
+/// store documents that queries through other proxies miss, or read names
+/// as tokens.
+pub(super) async fn alike(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyError> {
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(());
     };
     for (db, coll) in rewrite::collections(m) {
-        if let Some(conflict) = t.policies.conflict(db, coll) {
-            return Err(conflict.into());
+        if t.policies.applies_to(db) {
+            if let Some(conflict) = t.policies.conflict(db, coll) {
+                return Err(conflict.into());
+            }
+        } else if !t.policies.excluded(db) {
+            let (elsewhere, trips) = t.store.tokenized_elsewhere(db).await?;
+            ctx.metrics.store_round_trips(trips.0);
+            if elsewhere {
+                return Err(Conflict {
+                    db: db.to_owned(),
+                    coll: coll.to_owned(),
+                    found: Found::Dictionary,
+                    own: Form::default(),
+                }
+                .into());
+            }
         }
     }
     Ok(())

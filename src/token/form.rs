@@ -111,24 +111,39 @@ impl fmt::Display for Form {
     }
 }
 
-/// A collection this proxy may not rewrite: its record says its documents
-/// are stored otherwise than this proxy's settings would store them.
+/// A collection this proxy may not rewrite: its documents are stored
+/// otherwise than this proxy's settings would store them.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{}", conflict(.db, .coll, .recorded, .own))]
+#[error("{}", conflict(.db, .coll, .found, .own))]
 pub struct Conflict {
     pub db: String,
     pub coll: String,
-    /// What the record says (`None`: it does not read as settings).
-    pub recorded: Option<Form>,
+    /// What says how they are stored.
+    pub found: Found,
     /// What this proxy's settings say.
     pub own: Form,
 }
 
-fn conflict(db: &str, coll: &str, recorded: &Option<Form>, own: &Form) -> String {
-    let Some(recorded) = recorded else {
-        return format!("the settings recorded for {db}.{coll} (`settings/{coll}` in {db}.__laconic) do not read as tokenize settings: they were changed outside Laconic. Commands naming {db}.{coll} are refused; `laconic migrate` records them again");
-    };
-    format!("{db}.{coll} is stored with other tokenize settings ({recorded}) than this proxy's ({own}): every proxy of a deployment must be given the same settings, or one would store documents that queries through the others miss. Commands naming {db}.{coll} are refused by this proxy: give it the settings recorded, or change the collection's with `laconic migrate` (`--reverse`, then into tokens with the new settings)")
+/// What says how a collection's documents are stored, against this
+/// proxy's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Its record, of other settings.
+    Settings(Form),
+    /// Its record, which does not read as settings.
+    Unreadable,
+    /// Its database holds a dictionary (or a group's mark), and this proxy
+    /// tokenizes nothing in it.
+    Dictionary,
+}
+
+fn conflict(db: &str, coll: &str, found: &Found, own: &Form) -> String {
+    let advice = "every proxy of a deployment must be given the same settings, or one would store documents that queries through the others miss, or read names as tokens";
+    match found {
+        Found::Unreadable => format!("the settings recorded for {db}.{coll} (`settings/{coll}` in {db}.__laconic) do not read as tokenize settings: they were changed outside Laconic. Commands naming {db}.{coll} are refused; `laconic migrate` records them again"),
+        Found::Settings(recorded) => format!("{db}.{coll} is stored with other tokenize settings ({recorded}) than this proxy's ({own}): {advice}. Commands naming {db}.{coll} are refused by this proxy: give it the settings recorded, or change the collection's with `laconic migrate` (`--reverse`, then into tokens with the new settings)"),
+        Found::Dictionary => format!("the database {db} holds a dictionary (other proxies tokenize it, or did), and this proxy's settings tokenize nothing in it: {advice}. Commands naming {db}.{coll} are refused by this proxy: give it the settings of the others"),
+    }
 }
 
 /// The records of the collections of the databases this proxy read, as the
@@ -153,14 +168,15 @@ impl Forms {
     /// stored under `policy` are stored as its documents are.
     pub fn conflict(&self, db: &str, coll: &str, policy: Option<&Policy>) -> Option<Conflict> {
         let map = self.by_db.read();
-        let recorded = map.get(db)?.get(coll)?;
-        if recorded.as_ref().is_some_and(|r| r.matches(policy)) {
-            return None;
-        }
+        let found = match map.get(db)?.get(coll)? {
+            Some(r) if r.matches(policy) => return None,
+            Some(r) => Found::Settings(r.clone()),
+            None => Found::Unreadable,
+        };
         Some(Conflict {
             db: db.to_owned(),
             coll: coll.to_owned(),
-            recorded: recorded.clone(),
+            found,
             own: Form::of(policy),
         })
     }

@@ -385,6 +385,12 @@ impl Policies {
         Some(self.get(db, coll)).filter(|p| p.applies_to(db))
     }
 
+    /// Whether `db` is never tokenized, whatever the settings: `admin`,
+    /// `local`, `config` and the name store's database.
+    pub fn excluded(&self, db: &str) -> bool {
+        self.default.excluded_dbs.iter().any(|d| d == db)
+    }
+
     /// Why this proxy may not rewrite a command naming `db.coll`: the
     /// settings recorded for it are not its own ([`super::form`]).
     pub fn conflict(&self, db: &str, coll: &str) -> Option<super::form::Conflict> {

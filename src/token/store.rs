@@ -179,6 +179,11 @@ pub const READY_WITHIN: Duration = Duration::from_secs(1);
 /// ([`Integrity::Refilled`]) instead of being read under other names.
 pub const REFILL_NOTICE: Duration = MIGRATION_NOTICE;
 
+/// How long a proxy relies on what it read of a database it tokenizes
+/// nothing in: whether other proxies tokenize it
+/// ([`NameStore::tokenized_elsewhere`]).
+pub const ELSEWHERE_EVERY: Duration = Duration::from_secs(1);
+
 /// How long a proxy waits, from when it first finds a group's member
 /// holding documents and no mark, for the mark to come back before it
 /// refuses the member ([`Integrity::Unmarked`]). A proxy that had not yet
@@ -389,6 +394,10 @@ struct Inner {
     scopes: DashMap<String, Arc<Scope>, Hasher>,
     /// The group members this proxy has met.
     members: DashMap<String, Member, Hasher>,
+    /// Databases this proxy tokenizes nothing in, and whether each holds
+    /// a dictionary or a group's mark, as read when
+    /// ([`NameStore::tokenized_elsewhere`]).
+    elsewhere: DashMap<String, (bool, Instant), Hasher>,
     /// Which collections are tokenized (and, shared with them, what the
     /// migration markers of each database say).
     policies: Policies,
@@ -475,6 +484,7 @@ impl NameStore {
                 cap: cap.max(1),
                 scopes: DashMap::default(),
                 members: DashMap::default(),
+                elsewhere: DashMap::default(),
                 policies,
                 legacy: None,
                 records: None,
@@ -1438,20 +1448,30 @@ impl NameStore {
     }
 
     /// The settings `db.coll`'s documents are stored with, recorded before
-    /// its first write through a proxy ([`form`]): `form`, this proxy's,
+    /// its first write through a proxy ([`form`]): `own`, this proxy's,
     /// unless another proxy or `laconic migrate` recorded others first.
-    /// Returns the record (`None`: it does not read as settings).
+    /// What is recorded is noted in the policies' [`form::Forms`], which
+    /// say whether this proxy may rewrite the collection. Sessions of this
+    /// proxy record one collection at a time (the scope's allocation lock),
+    /// and a session that waited finds it noted.
     pub async fn record_form(
         &self,
         db: &str,
         coll: &str,
         own: &Form,
-    ) -> Result<(Option<Form>, RoundTrips), StoreError> {
+    ) -> Result<RoundTrips, StoreError> {
+        let forms = &self.inner.policies.forms;
+        let cell = self.scope(self.inner.policies.scope_of(db));
+        let _one = cell.alloc.lock().await;
+        if forms.has(db, coll) {
+            return Ok(RoundTrips(0));
+        }
         let id = format!("{}{coll}", form::RECORD_PREFIX);
         let mut set = own.to_document();
         set.insert("recorded", bson::DateTime::now());
         let mut trips = 0;
-        // Two proxies racing to insert it: the loser reads the winner's.
+        // Proxies racing to insert it: a loser reads the winner's (a server
+        // may answer a lost upsert with a duplicate key, or with nothing).
         let record = loop {
             trips += 1;
             let r = within_lease("findAndModify", async {
@@ -1463,20 +1483,74 @@ impl NameStore {
                     .map_err(|e| StoreError::from_driver("findAndModify", e))
             })
             .await;
-            match r {
+            let lost = match r {
                 Ok(Some(record)) => break record,
-                Err(e) if e.is_duplicate_key() && trips < 3 => continue,
-                Ok(None) => {
+                Err(e) if !e.is_duplicate_key() => return Err(e),
+                lost => lost.err(),
+            };
+            trips += 1;
+            let read = within_lease("find", async {
+                self.coll(db)
+                    .find_one(doc! {"_id": &id})
+                    .await
+                    .map_err(|e| StoreError::from_driver("find", e))
+            })
+            .await?;
+            match (read, lost) {
+                (Some(record), _) => break record,
+                (None, _) if trips < 10 => {}
+                (None, Some(e)) => return Err(e),
+                (None, None) => {
                     return Err(StoreError::Exhausted(format!(
                         "the settings record of {db}.{coll} was not written"
                     )))
                 }
-                Err(e) => return Err(e),
             }
         };
-        let recorded = Form::from_document(&record);
-        self.inner.policies.forms.note(db, coll, recorded.clone());
-        Ok((recorded, RoundTrips(trips)))
+        forms.note(db, coll, Form::from_document(&record));
+        Ok(RoundTrips(trips))
+    }
+
+    /// Whether `db`, a database this proxy tokenizes nothing in, holds a
+    /// dictionary or a group's mark: other proxies tokenize it (or did),
+    /// and its documents would be read here with tokens for names. Read
+    /// once per [`ELSEWHERE_EVERY`] at most (a request that finds it older
+    /// reads it again): one round trip. A database the proxy's own user may
+    /// not read is taken as tokenized nowhere (no proxy given the same
+    /// credentials could tokenize it). Returns the round trips.
+    pub async fn tokenized_elsewhere(&self, db: &str) -> Result<(bool, RoundTrips), StoreError> {
+        if let Some(e) = self.inner.elsewhere.get(db) {
+            if e.1.elapsed() < ELSEWHERE_EVERY {
+                return Ok((e.0, RoundTrips(0)));
+            }
+        }
+        let found: Result<Vec<Document>, StoreError> = within_lease("aggregate", async {
+            self.db(db)
+                .collection::<Document>(MARK_COLLECTION)
+                .aggregate(vec![
+                    doc! {"$match": {"_id": "mark"}},
+                    doc! {"$unionWith": {"coll": COLLECTION, "pipeline": [{"$match": {"_id": HEAD_ID}}]}},
+                    doc! {"$limit": 1},
+                    doc! {"$project": {"_id": 1}},
+                ])
+                .await
+                .map_err(|e| StoreError::from_driver("aggregate", e))?
+                .try_collect()
+                .await
+                .map_err(|e| StoreError::from_driver("aggregate", e))
+        })
+        .await;
+        let tokenized = match found {
+            Ok(found) => !found.is_empty(),
+            // The proxy's own user may not read it: no proxy given the same
+            // credentials tokenizes it.
+            Err(StoreError::Refused { code: 13, .. }) => false,
+            Err(e) => return Err(e),
+        };
+        self.inner
+            .elsewhere
+            .insert(db.to_owned(), (tokenized, Instant::now()));
+        Ok((tokenized, RoundTrips(1)))
     }
 
     /// Removes the settings record of `db.coll`, dropped through this proxy:

@@ -194,6 +194,55 @@ async fn proxies_given_other_settings_refuse_the_collections_recorded_otherwise(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_tokenizes_nothing_in_a_tokenized_database_refuses_it() {
+    let (db, store_db) = (
+        db_name("settings_none", "app"),
+        db_name("settings_none", "store"),
+    );
+    let direct = common::direct().await;
+    direct.database(&db).drop().await.unwrap();
+    let (_p6, six) = proxy_with(6, &store_db).await;
+    six.database(&db)
+        .collection::<Document>("orders")
+        .insert_one(doc! {"_id": 1, "region": "EU"})
+        .await
+        .unwrap();
+    // A proxy that tokenizes another database only (its rule for this one
+    // is missing).
+    let mut config = common::proxy_config(&common::upstream().uri);
+    config.tokenize.store_db = store_db.clone();
+    config.tokenize.namespaces = vec![laconic::config::NamespaceTokenize {
+        namespace: db_name("settings_none", "other"),
+        min_len: Some(6),
+        ..Default::default()
+    }];
+    let partial = common::start(config).await;
+    let partial = common::via_proxy(&partial).await;
+    // Without the check, it read the document with a token for `region`.
+    let (code, message) = refusal(
+        partial
+            .database(&db)
+            .collection::<Document>("orders")
+            .find_one(doc! {})
+            .await,
+    );
+    assert_eq!(code, 72, "{message}");
+    assert!(
+        message.contains(&format!("the database {db} holds a dictionary")),
+        "{message}"
+    );
+    // A database nobody tokenizes is served.
+    let plain = db_name("settings_none", "plain");
+    direct.database(&plain).drop().await.unwrap();
+    let c = partial.database(&plain).collection::<Document>("c");
+    c.insert_one(doc! {"_id": 1, "region": "EU"}).await.unwrap();
+    assert_eq!(
+        c.find_one(doc! {}).await.unwrap(),
+        Some(doc! {"_id": 1, "region": "EU"})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_settings_record_refuses_its_collection() {
     let (db, store_db) = (
         db_name("settings_edit", "app"),
