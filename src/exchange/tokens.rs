@@ -204,7 +204,7 @@ pub(super) async fn alike(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyErro
             if let Some(conflict) = t.policies.conflict(db, coll) {
                 return Err(conflict.into());
             }
-        } else if !t.policies.excluded(db) {
+        } else if !t.policies.excluded(db) && is_database_name(db) {
             let (elsewhere, trips) = t.store.tokenized_elsewhere(db).await?;
             ctx.metrics.store_round_trips(trips.0);
             if elsewhere {
@@ -219,6 +219,12 @@ pub(super) async fn alike(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyErro
         }
     }
     Ok(())
+}
+
+/// Whether MongoDB accepts `db` as a database's name: the server answers a
+/// command naming another with its own error.
+fn is_database_name(db: &str) -> bool {
+    !db.is_empty() && !db.contains(['/', '\\', '.', ' ', '"', '$', '\0'])
 }
 
 /// After a successful `drop` of a collection, or a `renameCollection` of

@@ -184,6 +184,10 @@ pub const REFILL_NOTICE: Duration = MIGRATION_NOTICE;
 /// ([`NameStore::tokenized_elsewhere`]).
 pub const ELSEWHERE_EVERY: Duration = Duration::from_secs(1);
 
+/// How many databases a proxy keeps what it read of them by
+/// [`NameStore::tokenized_elsewhere`].
+const MAX_ELSEWHERE: usize = 10_000;
+
 /// How long a proxy waits, from when it first finds a group's member
 /// holding documents and no mark, for the mark to come back before it
 /// refuses the member ([`Integrity::Unmarked`]). A proxy that had not yet
@@ -1542,14 +1546,22 @@ impl NameStore {
         .await;
         let tokenized = match found {
             Ok(found) => !found.is_empty(),
-            // The proxy's own user may not read it: no proxy given the same
-            // credentials tokenizes it.
-            Err(StoreError::Refused { code: 13, .. }) => false,
+            // The proxy's own user may not read it (no proxy given the same
+            // credentials tokenizes it), or it is no database's name (the
+            // server answers the command with its own error).
+            Err(StoreError::Refused { code: 13 | 73, .. }) => false,
             Err(e) => return Err(e),
         };
-        self.inner
-            .elsewhere
-            .insert(db.to_owned(), (tokenized, Instant::now()));
+        // Clients name the databases: what is kept of them stays bounded
+        // (past the bound, what has aged goes first; a database not kept
+        // is read again at its next command).
+        let known = &self.inner.elsewhere;
+        if known.len() >= MAX_ELSEWHERE {
+            known.retain(|_, (_, read)| read.elapsed() < ELSEWHERE_EVERY);
+        }
+        if known.len() < MAX_ELSEWHERE {
+            known.insert(db.to_owned(), (tokenized, Instant::now()));
+        }
         Ok((tokenized, RoundTrips(1)))
     }
 
