@@ -26,6 +26,7 @@ use futures::TryStreamExt;
 use mongodb::Client;
 
 use crate::token::dictionary::{Epoch, COLLECTION, HEAD_ID};
+use crate::token::form::{self, Form};
 use crate::token::namespace::{decode, value_number, Stored, VALUE_SUBTYPE};
 use crate::token::store::{database, MARK_COLLECTION};
 use crate::token::{NameStore, Names, Policies};
@@ -324,8 +325,9 @@ pub async fn stats(client: &Client, policies: &Policies, db: &str) -> Result<Str
         );
     }
     let coll = database(client, home).collection::<Document>(COLLECTION);
+    let settings = settings_lines(client, policies, db).await?;
     let Some(head) = coll.find_one(doc! {"_id": HEAD_ID}).await? else {
-        return Ok(out + &format!("{home}: no dictionary\n"));
+        return Ok(out + &format!("{home}: no dictionary\n") + &settings);
     };
     let token_bytes: usize = dict.entries().iter().map(|(_, t)| t.len()).sum();
     let name_bytes: usize = dict.entries().iter().map(|(n, _)| n.len()).sum();
@@ -356,7 +358,36 @@ pub async fn stats(client: &Client, policies: &Policies, db: &str) -> Result<Str
             dict.value_count(),
             dict.value_chain.lengths.len(),
             mark_line(client, home).await?,
-        ))
+        )
+        + &settings)
+}
+
+/// The settings recorded for each collection of `db` ([`form`]), each
+/// against those the tool was given (the proxies', as `--config` says).
+async fn settings_lines(
+    client: &Client,
+    policies: &Policies,
+    db: &str,
+) -> Result<String, ToolError> {
+    let docs: Vec<Document> = database(client, db)
+        .collection::<Document>(COLLECTION)
+        .find(doc! {"_id": {"$regex": format!("^{}", form::RECORD_PREFIX)}})
+        .await?
+        .try_collect()
+        .await?;
+    let mut records: Vec<_> = form::records(&docs).into_iter().collect();
+    records.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = String::new();
+    for (coll, recorded) in records {
+        let given = Form::of(policies.stored_form(db, &coll));
+        let line = match recorded {
+            Some(r) if r == given => format!("{r} (as given)"),
+            Some(r) => format!("{r} (given: {given}: proxies given these refuse it)"),
+            None => "does not read as settings: proxies refuse it".to_owned(),
+        };
+        out += &format!("settings {db}.{coll}: {line}\n");
+    }
+    Ok(out)
 }
 
 /// The mark kept in `db`, if any.

@@ -150,6 +150,20 @@ async fn proxies_given_other_settings_refuse_the_collections_recorded_otherwise(
         Some(doc! {"_id": 1, "region": "EU"})
     );
 
+    // `laconic store stats` shows each record against the settings given.
+    let mut given = common::proxy_config(&common::upstream().uri).tokenize;
+    given.min_len = 8;
+    given.store_db = store_db.clone();
+    let stats = laconic::tools::store::stats(&direct, &given.policies(), &db)
+        .await
+        .unwrap();
+    assert!(
+        stats.contains(&format!(
+            "settings {db}.orders: min_len = 6, custom_paths = [], value_paths = [] (given: min_len = 8"
+        )) && stats.contains(&format!("settings {db}.returns: min_len = 8, custom_paths = [], value_paths = [] (as given)")),
+        "{stats}"
+    );
+
     // A rename takes the record along: the target is the first proxy's.
     six.database("admin")
         .run_command(
