@@ -22,6 +22,13 @@ async fn proxy_with(min_len: usize, store_db: &str) -> (ProxyHandle, Client) {
     (proxy, client)
 }
 
+/// A test's database, dropped, and its name store's.
+async fn fresh(test: &str) -> (String, String) {
+    let (db, store_db) = (db_name(test, "app"), db_name(test, "store"));
+    common::direct().await.database(&db).drop().await.unwrap();
+    (db, store_db)
+}
+
 /// The error a command met: its code and message.
 fn refusal<T: std::fmt::Debug>(r: mongodb::error::Result<T>) -> (i32, String) {
     let e = common::command_error(r.expect_err("refused"));
@@ -57,9 +64,8 @@ async fn record(db: &str, coll: &str) -> Option<Document> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxies_given_other_settings_refuse_the_collections_recorded_otherwise() {
-    let (db, store_db) = (db_name("settings", "app"), db_name("settings", "store"));
+    let (db, store_db) = fresh("settings").await;
     let direct = common::direct().await;
-    direct.database(&db).drop().await.unwrap();
     // `region` is six bytes: the first proxy stores it as a token, the
     // second would store it (and ask for it) as it is.
     let (_p6, six) = proxy_with(6, &store_db).await;
@@ -209,12 +215,8 @@ async fn proxies_given_other_settings_refuse_the_collections_recorded_otherwise(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_that_tokenizes_nothing_in_a_tokenized_database_refuses_it() {
-    let (db, store_db) = (
-        db_name("settings_none", "app"),
-        db_name("settings_none", "store"),
-    );
+    let (db, store_db) = fresh("settings_none").await;
     let direct = common::direct().await;
-    direct.database(&db).drop().await.unwrap();
     let (_p6, six) = proxy_with(6, &store_db).await;
     six.database(&db)
         .collection::<Document>("orders")
@@ -258,12 +260,8 @@ async fn a_proxy_that_tokenizes_nothing_in_a_tokenized_database_refuses_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_settings_record_refuses_its_collection() {
-    let (db, store_db) = (
-        db_name("settings_edit", "app"),
-        db_name("settings_edit", "store"),
-    );
+    let (db, store_db) = fresh("settings_edit").await;
     let direct = common::direct().await;
-    direct.database(&db).drop().await.unwrap();
     let (_p, six) = proxy_with(6, &store_db).await;
     let orders = six.database(&db).collection::<Document>("orders");
     orders
@@ -298,12 +296,7 @@ fn migrate(db: &str, store_db: &str, min_len: &str, extra: &[&str]) -> Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_change_by_a_migration_back_and_forth() {
-    let (db, store_db) = (
-        db_name("settings_mig", "app"),
-        db_name("settings_mig", "store"),
-    );
-    let direct = common::direct().await;
-    direct.database(&db).drop().await.unwrap();
+    let (db, store_db) = fresh("settings_mig").await;
     let (_p6, six) = proxy_with(6, &store_db).await;
     let (_p8, eight) = proxy_with(8, &store_db).await;
     let orders = |c: &Client| c.database(&db).collection::<Document>("orders");
