@@ -10,6 +10,9 @@
 //! the dictionary, and a proxy whose own settings for a collection differ
 //! from its record refuses the commands that name it ([`Conflict`]).
 //! `laconic migrate` changes a record; a `drop` through a proxy removes it.
+//! A proxy that tokenizes nothing in a database reads no records there: it
+//! reads whether the database holds a dictionary, and refuses it if so
+//! ([`Found::Dictionary`]).
 
 use std::collections::HashMap;
 use std::fmt;
