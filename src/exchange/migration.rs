@@ -45,7 +45,8 @@ pub(super) async fn convert_ahead(
     if !migrating {
         return Ok(());
     }
-    for Converting { db, coll, filter } in filters(ctx, frame, m, command).await? {
+    // Boxed: rare, and every update would otherwise carry these futures.
+    for Converting { db, coll, filter } in Box::pin(filters(ctx, frame, m, command)).await? {
         let Some(migration) = t.policies.migration(&db, &coll) else {
             continue;
         };
@@ -56,7 +57,7 @@ pub(super) async fn convert_ahead(
             policy: t.policies.get(&db, &coll),
             reverse: migration == Migration::Reverse,
         };
-        let n = convert_matching(&target, filter).await.map_err(|e| ProxyError::Migration {
+        let n = Box::pin(convert_matching(&target, filter)).await.map_err(|e| ProxyError::Migration {
             network: e.is_network_failure(),
             message: format!(
                 "{db}.{coll} is being migrated, and the documents this {command} matches could not be brought to one form first: {e}"

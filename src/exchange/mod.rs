@@ -259,11 +259,14 @@ impl Exchange {
         (touched, into): (&[String], &[String]),
     ) -> Result<Option<Frame>, ProxyError> {
         let admitted = Instant::now();
+        // The collections it names, read once.
+        let named = match (&ctx.rewrite.tokens, self.frame.message()) {
+            (Some(_), Message::Msg(m)) => rewrite::named(m),
+            _ => rewrite::Named::default(),
+        };
         for _ in 0..3 {
             let marks = tokens::marks(ctx);
-            if let Message::Msg(m) = self.frame.message() {
-                tokens::alike(ctx, m).await?;
-            }
+            tokens::alike(ctx, &named).await?;
             // Rewritten once; again only if it named something the
             // dictionaries lacked (stored names get tokens first).
             let mut rewritten = self.rewrite(ctx, &state.legs, dbs).await?;
@@ -292,9 +295,7 @@ impl Exchange {
                 }
             }
             tokens::claim(ctx, (dbs, &self.command), into).await?;
-            if let Message::Msg(m) = self.frame.message() {
-                tokens::record(ctx, m).await?;
-            }
+            tokens::record(ctx, &named).await?;
             migration::convert_ahead(ctx, &self.frame, &self.command).await?;
             if tokens::still_current(ctx, touched, marks, admitted).await? {
                 self.plan = rewritten.plan;

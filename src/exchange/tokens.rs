@@ -12,7 +12,7 @@ use crate::context::ProxyContext;
 use crate::error::ProxyError;
 use crate::rewrite::names::Misses;
 use crate::rewrite::walker::Fields;
-use crate::rewrite::{self, catalogue, LegState, Replied, ReplyPlan};
+use crate::rewrite::{self, catalogue, LegState, Named, Replied, ReplyPlan};
 use crate::token::form::{Conflict, Form, Found};
 use crate::token::store::READY_WITHIN;
 use crate::token::Integrity;
@@ -63,7 +63,7 @@ async fn sound(ctx: &ProxyContext, dbs: &[String]) -> Result<(), ProxyError> {
         let mut trips = t.store.ensure_loaded(db).await?.0;
         let mut sound = t.store.dictionary(db).map(|_| ());
         if let Err(Integrity::Unmarked { .. }) = sound {
-            trips += t.store.until_marked(db).await?.0;
+            trips += Box::pin(t.store.until_marked(db)).await?.0;
             sound = t.store.dictionary(db).map(|_| ());
         }
         if trips > 0 {
@@ -156,7 +156,7 @@ pub(super) async fn claim(
         let member = t.policies.scope_of(db) != db;
         if (needed || member) && (!own || stores()) {
             if needed {
-                let trips = t.store.claim(db).await?.0;
+                let trips = Box::pin(t.store.claim(db)).await?.0;
                 ctx.metrics.store_round_trips(trips);
             }
             t.store.wrote(db);
@@ -170,14 +170,16 @@ pub(super) async fn claim(
 /// record yet gets one, of this proxy's settings for it
 /// ([`crate::token::form`]); another proxy's, recorded first, may say
 /// otherwise, and the command is then refused, as [`alike`] refuses.
-pub(super) async fn record(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyError> {
+pub(super) async fn record(ctx: &ProxyContext, named: &Named<'_>) -> Result<(), ProxyError> {
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(());
     };
-    for (db, coll) in rewrite::stored_into(m) {
+    for &(db, coll) in &named.stored {
         if t.policies.applies_to(db) && !t.policies.forms.has(db, coll) {
             let own = Form::of(t.policies.stored_form(db, coll));
-            let trips = t.store.record_form(db, coll, &own).await?.0;
+            // Boxed: rare, and its future is large (the driver's), which every
+            // command's would carry otherwise.
+            let trips = Box::pin(t.store.record_form(db, coll, &own)).await?.0;
             ctx.metrics.store_round_trips(trips);
             if let Some(conflict) = t.policies.conflict(db, coll) {
                 return Err(conflict.into());
@@ -195,17 +197,17 @@ pub(super) async fn record(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyErr
 /// settings, the command would miss documents stored with the others,
 /// store documents that queries through other proxies miss, or read names
 /// as tokens.
-pub(super) async fn alike(ctx: &ProxyContext, m: &OpMsg) -> Result<(), ProxyError> {
+pub(super) async fn alike(ctx: &ProxyContext, named: &Named<'_>) -> Result<(), ProxyError> {
     let Some(t) = &ctx.rewrite.tokens else {
         return Ok(());
     };
-    for (db, coll) in rewrite::collections(m) {
-        if t.policies.applies_to(db) {
-            if let Some(conflict) = t.policies.conflict(db, coll) {
-                return Err(conflict.into());
-            }
-        } else if !t.policies.excluded(db) && is_database_name(db) {
-            let (elsewhere, trips) = t.store.tokenized_elsewhere(db).await?;
+    for &(db, coll) in &named.all {
+        if let Some(conflict) = t.policies.conflict(db, coll) {
+            return Err(conflict.into());
+        }
+        if !t.policies.applies_to(db) && !t.policies.excluded(db) && is_database_name(db) {
+            // Boxed, as in `record`.
+            let (elsewhere, trips) = Box::pin(t.store.tokenized_elsewhere(db)).await?;
             ctx.metrics.store_round_trips(trips.0);
             if elsewhere {
                 return Err(Conflict {
@@ -247,7 +249,7 @@ pub(super) async fn removed(ctx: &ProxyContext, request: &Frame, reply: &Frame) 
     let Some((db, coll)) = gone.filter(|(db, _)| t.policies.applies_to(db)) else {
         return;
     };
-    match t.store.remove_form(db, coll).await {
+    match Box::pin(t.store.remove_form(db, coll)).await {
         Ok(trips) => ctx.metrics.store_round_trips(trips.0),
         // Left in place, it refuses only a proxy with other settings.
         Err(e) => {
@@ -309,7 +311,7 @@ pub(super) async fn settle(
         for (db, names, values) in misses.to_store() {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             let values: Vec<&str> = values.iter().map(String::as_str).collect();
-            trips += t.store.allocate(&db, &names, &values).await?.0;
+            trips += Box::pin(t.store.allocate(&db, &names, &values)).await?.0;
         }
         Settled::Again
     } else if !*refreshed && !misses.to_read().is_empty() {
@@ -317,7 +319,7 @@ pub(super) async fn settle(
         let mut grew = false;
         for db in misses.to_read() {
             let before = t.store.dictionary(&db)?;
-            trips += t.store.refresh(&db).await?.0;
+            trips += Box::pin(t.store.refresh(&db)).await?.0;
             let after = t.store.dictionary(&db)?;
             grew |= before.epoch != after.epoch
                 || before.len() != after.len()
@@ -361,9 +363,9 @@ pub(super) async fn expand(
             },
         )) => {
             if let Some(t) = &ctx.rewrite.tokens {
-                t.store.refresh(&scope).await?;
+                Box::pin(t.store.refresh(&scope)).await?;
                 if !t.store.exists(&scope) {
-                    if let Some(found) = t.store.holding_documents(&scope).await? {
+                    if let Some(found) = Box::pin(t.store.holding_documents(&scope)).await? {
                         return Err(Integrity::Missing { scope, found }.into());
                     }
                 }

@@ -19,7 +19,7 @@
 use bson::{RawBsonRef, RawDocument};
 
 use crate::error::ProxyError;
-use crate::rewrite::catalogue::{self, Entry, Stores};
+use crate::rewrite::catalogue::{self, Stores};
 use crate::rewrite::command;
 use crate::rewrite::walker::Fields;
 use crate::token::dictionary::COLLECTION;
@@ -134,78 +134,97 @@ fn aggregated(body: &RawDocument) -> Option<&bson::RawArray> {
     body.get_array("pipeline").ok()
 }
 
-/// The collections a command names whose stored form its rewrite turns on,
-/// as `(db, coll)`: its own (for a command the catalogue rewrites, or an
-/// `explain` of one), a `bulkWrite`'s namespaces, those its pipeline reads
-/// (`$lookup`, `$graphLookup`, `$unionWith`, at any depth) and both sides
-/// of every [`Move`]. A proxy whose settings for one of them are not those
-/// recorded for it refuses the command ([`crate::token::form`]).
-pub fn collections(m: &OpMsg) -> Vec<(&str, &str)> {
-    let body = m.body();
-    let db = body.str_field("$db").unwrap_or_default();
-    let mut found = own_collections(m, |e| !e.slots.is_empty() || e.stores != Stores::Nothing);
-    if body.first().and_then(|e| e.name()) == Some("explain") {
-        if let Some(coll) = body
-            .doc_field("explain")
-            .and_then(|inner| inner.first())
-            .and_then(|e| e.str())
-        {
-            found.push((db, coll));
-        }
-    }
-    if let Some(pipeline) = aggregated(body) {
-        pipeline_reads(
-            pipeline,
-            &mut |d, coll| found.push((d.unwrap_or(db), coll)),
-            0,
-        );
-    }
-    for mv in moves(m) {
-        if let Source::Namespace(d, c) = mv.from {
-            found.push((d, c));
-        }
-        found.push(mv.into);
-    }
-    found.retain(|(_, c)| !c.is_empty());
-    found
+/// The collections a command names, as `(db, coll)`, read once per
+/// request ([`named`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Named<'m> {
+    /// Those whose stored form its rewrite turns on: its own (for a
+    /// command the catalogue rewrites, or an `explain` of one), a
+    /// `bulkWrite`'s namespaces, those its pipeline reads (`$lookup`,
+    /// `$graphLookup`, `$unionWith`, at any depth) and both sides of every
+    /// [`Move`]. A proxy whose settings for one of them are not those
+    /// recorded for it refuses the command ([`crate::token::form`]).
+    pub all: Vec<(&'m str, &'m str)>,
+    /// Those it stores documents or names into: its own, for a command the
+    /// catalogue says stores them (`Data` or `Everything`; a `bulkWrite`'s
+    /// namespaces), and the target of every [`Move`] (an aggregation's
+    /// `$out`/`$merge` among them). Their settings are recorded before it
+    /// is sent. The dictionary's own collections and `system.` ones aside.
+    pub stored: Vec<(&'m str, &'m str)>,
 }
 
-/// The collections a command stores documents or names into, as `(db,
-/// coll)`: its own, for a command the catalogue says stores them (`Data`
-/// or `Everything`; a `bulkWrite`'s namespaces), and the target of every
-/// [`Move`] (an aggregation's `$out`/`$merge` among them). Their settings
-/// are recorded before it is sent ([`crate::token::form`]).
-pub fn stored_into(m: &OpMsg) -> Vec<(&str, &str)> {
-    let mut found = own_collections(m, |e| matches!(e.stores, Stores::Data | Stores::Everything));
-    found.extend(moves(m).into_iter().map(|mv| mv.into));
-    found.retain(|(_, c)| !c.is_empty() && !internal(c) && !c.starts_with("system."));
-    found
-}
+/// Commands that may make a [`Move`].
+const MOVING: &[&str] = &[
+    "renameCollection",
+    "cloneCollectionAsCapped",
+    "aggregate",
+    "mapReduce",
+    "mapreduce",
+    "applyOps",
+];
 
-/// The collection a command addresses, or a `bulkWrite`'s namespaces, if
-/// its catalogue entry is `wanted`.
-fn own_collections(m: &OpMsg, wanted: impl Fn(&Entry) -> bool) -> Vec<(&str, &str)> {
+/// [`Named`] for a command: its body read once (its first element, its
+/// `$db`, its catalogue entry).
+pub fn named(m: &OpMsg) -> Named<'_> {
     let body = m.body();
-    let Some(entry) = body
-        .first()
-        .and_then(|e| e.name())
-        .and_then(catalogue::lookup)
-        .filter(|e| wanted(e))
-    else {
-        return Vec::new();
+    let mut named = Named::default();
+    let Some((first, name)) = body.first().and_then(|e| Some((e, e.name()?))) else {
+        return named;
     };
-    if entry.name == "bulkWrite" {
-        return command::documents(m, "nsInfo")
-            .into_iter()
-            .filter_map(|d| d.get_str("ns").ok()?.split_once('.'))
-            .collect();
-    }
     let db = body.str_field("$db").unwrap_or_default();
-    body.first()
-        .and_then(|e| e.str())
-        .map(|coll| (db, coll))
-        .into_iter()
-        .collect()
+    if let Some(entry) = catalogue::lookup(name) {
+        let stores = matches!(entry.stores, Stores::Data | Stores::Everything);
+        if !entry.slots.is_empty() || stores {
+            let start = named.all.len();
+            if entry.name == "bulkWrite" {
+                named.all.extend(
+                    command::documents(m, "nsInfo")
+                        .into_iter()
+                        .filter_map(|d| d.get_str("ns").ok()?.split_once('.')),
+                );
+            } else if let Some(coll) = first.str() {
+                named.all.push((db, coll));
+            }
+            if stores {
+                named.stored.extend_from_slice(&named.all[start..]);
+            }
+        }
+        match entry.name {
+            "explain" => {
+                if let Some(coll) = first
+                    .document()
+                    .and_then(|inner| inner.first())
+                    .and_then(|e| e.str())
+                {
+                    named.all.push((db, coll));
+                }
+            }
+            "aggregate" => {
+                if let Ok(pipeline) = body.get_array("pipeline") {
+                    pipeline_reads(
+                        pipeline,
+                        &mut |d, coll| named.all.push((d.unwrap_or(db), coll)),
+                        0,
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    if MOVING.contains(&name) {
+        for mv in moves(m) {
+            if let Source::Namespace(d, c) = mv.from {
+                named.all.push((d, c));
+            }
+            named.all.push(mv.into);
+            named.stored.push(mv.into);
+        }
+    }
+    named.all.retain(|(_, c)| !c.is_empty());
+    named
+        .stored
+        .retain(|(_, c)| !c.is_empty() && !internal(c) && !c.starts_with("system."));
+    named
 }
 
 /// Calls `read` with every collection a pipeline's stages read
@@ -523,31 +542,29 @@ mod tests {
 
     #[test]
     fn every_collection_a_command_names_and_those_it_stores_into() {
-        let named = |body: Document| {
+        let of = |body: Document| {
             let m = msg(body);
             let list = |v: Vec<(&str, &str)>| -> Vec<String> {
                 v.into_iter().map(|(d, c)| format!("{d}.{c}")).collect()
             };
-            (list(collections(&m)), list(stored_into(&m)))
+            let named = named(&m);
+            (list(named.all), list(named.stored))
         };
         assert_eq!(
-            named(doc! {"find": "users", "filter": {}, "$db": "app"}),
+            of(doc! {"find": "users", "filter": {}, "$db": "app"}),
             (vec!["app.users".to_owned()], vec![])
         );
         assert_eq!(
-            named(doc! {"insert": "users", "documents": [], "$db": "app"}),
+            of(doc! {"insert": "users", "documents": [], "$db": "app"}),
             (vec!["app.users".to_owned()], vec!["app.users".to_owned()])
         );
         // Names no field: nothing to rewrite, nothing recorded.
+        assert_eq!(of(doc! {"drop": "users", "$db": "app"}), (vec![], vec![]));
         assert_eq!(
-            named(doc! {"drop": "users", "$db": "app"}),
-            (vec![], vec![])
-        );
-        assert_eq!(
-            named(doc! {"explain": {"count": "users"}, "$db": "app"}),
+            of(doc! {"explain": {"count": "users"}, "$db": "app"}),
             (vec!["app.users".to_owned()], vec![])
         );
-        let (reads, into) = named(doc! {
+        let (reads, into) = of(doc! {
             "aggregate": "users",
             "pipeline": [
                 {"$lookup": {"from": "orders", "as": "o", "pipeline": [
@@ -571,7 +588,7 @@ mod tests {
             ]
         );
         assert_eq!(into, ["out.report"]);
-        let (reads, into) = named(doc! {
+        let (reads, into) = of(doc! {
             "renameCollection": "app.users", "to": "app.people", "$db": "admin",
         });
         assert_eq!(
@@ -583,7 +600,7 @@ mod tests {
         );
         // The dictionary's own collections are never recorded.
         assert_eq!(
-            named(doc! {"createIndexes": "__laconic", "indexes": [], "$db": "app"}).1,
+            of(doc! {"createIndexes": "__laconic", "indexes": [], "$db": "app"}).1,
             Vec::<String>::new()
         );
     }

@@ -24,7 +24,7 @@ pub use command::{to_document, Command};
 use names::Misses;
 use shard_key::{ReplyNeeds, ShardKeys};
 
-pub use guard::{collections, stored_into, Reached};
+pub use guard::{named, Named, Reached};
 pub use hello::{is_hello, MAX_WIRE_VERSION};
 pub use reply::{by_rules as reply_by_rules, event_databases, reply, Replied, Room};
 pub use request::{

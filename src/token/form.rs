@@ -155,8 +155,15 @@ fn conflict(db: &str, coll: &str, found: &Found, own: &Form) -> String {
 /// does not read as settings is held as `None`.
 #[derive(Debug, Default)]
 pub struct Forms {
-    by_db: RwLock<HashMap<String, HashMap<String, Option<Form>>>>,
+    /// Looked up for every command: hashed with foldhash, as the store's
+    /// maps are.
+    by_db: RwLock<HashMap<String, Records, Hasher>>,
 }
+
+type Hasher = foldhash::quality::RandomState;
+
+/// The records of one database's collections.
+pub type Records = HashMap<String, Option<Form>, Hasher>;
 
 impl Forms {
     /// Whether `db.coll` has a record, as last read or written.
@@ -168,10 +175,18 @@ impl Forms {
     }
 
     /// Whether `db.coll` has a record, and it does not say that documents
-    /// stored under `policy` are stored as its documents are.
-    pub fn conflict(&self, db: &str, coll: &str, policy: Option<&Policy>) -> Option<Conflict> {
+    /// stored under `policy` (asked for only if it has one) are stored as
+    /// its documents are.
+    pub fn conflict<'p>(
+        &self,
+        db: &str,
+        coll: &str,
+        policy: impl FnOnce() -> Option<&'p Policy>,
+    ) -> Option<Conflict> {
         let map = self.by_db.read();
-        let found = match map.get(db)?.get(coll)? {
+        let recorded = map.get(db)?.get(coll)?;
+        let policy = policy();
+        let found = match recorded {
             Some(r) if r.matches(policy) => return None,
             Some(r) => Found::Settings(r.clone()),
             None => Found::Unreadable,
@@ -185,7 +200,7 @@ impl Forms {
     }
 
     /// Replaces what is known of the collections of `db`.
-    pub fn set_db(&self, db: &str, records: HashMap<String, Option<Form>>) {
+    pub fn set_db(&self, db: &str, records: Records) {
         let mut map = self.by_db.write();
         if map.get(db) != Some(&records) {
             map.insert(db.to_owned(), records);
@@ -223,7 +238,7 @@ pub fn record_of(id: &str) -> Option<&str> {
 }
 
 /// The records among documents of a database's `__laconic`.
-pub fn records(docs: &[Document]) -> HashMap<String, Option<Form>> {
+pub fn records(docs: &[Document]) -> Records {
     docs.iter()
         .filter_map(|d| {
             let coll = record_of(d.get_str("_id").ok()?)?;
@@ -276,9 +291,11 @@ mod tests {
         assert_eq!(Form::from_document(&record), None);
         let forms = Forms::default();
         forms.set_db("app", records(&[record]));
-        let c = forms.conflict("app", "users", Some(&p)).expect("refused");
+        let c = forms
+            .conflict("app", "users", || Some(&p))
+            .expect("refused");
         assert!(c.to_string().contains("changed outside Laconic"), "{c}");
-        assert_eq!(forms.conflict("app", "orders", Some(&p)), None);
+        assert_eq!(forms.conflict("app", "orders", || Some(&p)), None);
     }
 
     #[test]
@@ -286,16 +303,18 @@ mod tests {
         let forms = Forms::default();
         let recorded = Policy::new(8, &[], "laconic");
         forms.note("app", "users", Some(Form::of(Some(&recorded))));
-        assert_eq!(forms.conflict("app", "users", Some(&recorded)), None);
+        assert_eq!(forms.conflict("app", "users", || Some(&recorded)), None);
         let own = Policy::new(6, &["custom".into()], "laconic");
-        let c = forms.conflict("app", "users", Some(&own)).expect("refused");
+        let c = forms
+            .conflict("app", "users", || Some(&own))
+            .expect("refused");
         let text = c.to_string();
         assert!(text.contains("min_len = 8, custom_paths = []"), "{text}");
         assert!(
             text.contains("min_len = 6, custom_paths = [\"custom\"]"),
             "{text}"
         );
-        let untokenized = forms.conflict("app", "users", None).expect("refused");
+        let untokenized = forms.conflict("app", "users", || None).expect("refused");
         assert!(untokenized.to_string().contains("(nothing tokenized)"));
         forms.forget("app", "users");
         assert!(!forms.has("app", "users"));

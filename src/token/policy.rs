@@ -394,7 +394,7 @@ impl Policies {
     /// Why this proxy may not rewrite a command naming `db.coll`: the
     /// settings recorded for it are not its own ([`super::form`]).
     pub fn conflict(&self, db: &str, coll: &str) -> Option<super::form::Conflict> {
-        self.forms.conflict(db, coll, self.stored_form(db, coll))
+        self.forms.conflict(db, coll, || self.stored_form(db, coll))
     }
 
     /// Why documents of `from_db` stored as `from` says (`None`: as they

@@ -602,13 +602,16 @@ impl NameStore {
     pub async fn ensure_loaded(&self, db: &str) -> Result<RoundTrips, StoreError> {
         let scope = self.inner.policies.scope_of(db);
         let cell = self.scope(scope);
+        // The reads are boxed: most calls make none, and every command
+        // would otherwise carry their futures (the driver's, large) in its
+        // own.
         let mut trips = if self.loaded_in(db, scope, &cell) {
             RoundTrips(0)
         } else {
-            self.refresh(db).await?
+            Box::pin(self.refresh(db)).await?
         };
         if cell.held.load(std::sync::atomic::Ordering::Acquire) {
-            trips.0 += self.until_settled(scope).await?.0;
+            trips.0 += Box::pin(self.until_settled(scope)).await?.0;
         }
         Ok(trips)
     }
