@@ -129,8 +129,14 @@ def main():
     wait_ready(port, proc, credentials)
     print(f"ready {port}", flush=True)
 
+    stopping = []
+
     def on_signal(signum, frame):
-        raise KeyboardInterrupt
+        # Once: a second SIGTERM (a script's cleanup signals the whole
+        # group) must not interrupt the shutdown the first one began.
+        if not stopping:
+            stopping.append(signum)
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
