@@ -320,6 +320,8 @@ async fn unrewritable_constructs_are_refused_by_name() {
         .await
         .database(&db_name("tok", "refuse"))
         .collection::<Document>("c");
+    // Emptied first: an upstream kept between runs holds the last run's document.
+    c.drop().await.unwrap();
     c.insert_one(doc! {"long_field_name": 1}).await.unwrap();
     for (filter, construct) in [
         (doc! {"$where": "this.long_field_name == 1"}, "$where"),
@@ -1104,6 +1106,7 @@ async fn a_user_field_named_errmsg_reads_back_as_written() {
         .await
         .database(&db_name("tok", "errmsg"))
         .collection::<Document>("notes");
+    coll.drop().await.unwrap();
     let mut many = doc! {"_id": 0};
     for i in 0..40 {
         many.insert(format!("long_field_{i:02}"), i);
@@ -1150,6 +1153,7 @@ async fn the_value_token_subtype_is_refused_in_writes() {
         .await
         .database(&db_name("tok", "subtype"))
         .collection::<Document>("blobs");
+    coll.drop().await.unwrap();
     let blob = |subtype: u8| {
         Bson::Binary(bson::Binary {
             subtype: BinarySubtype::UserDefined(subtype),
