@@ -765,6 +765,7 @@ async fn owned_rewrites_stay_within_the_work_budget() {
         .await
         .unwrap();
     let db = client.database(&db_name("workbudget", "app"));
+    db.collection::<Document>("c").drop().await.unwrap();
     let docs: Vec<Document> = (0..10).map(|i| doc! {"_id": i, "score": i}).collect();
     db.collection::<Document>("c")
         .insert_many(docs.clone())
