@@ -153,16 +153,6 @@ pub struct Named<'m> {
     pub stored: Vec<(&'m str, &'m str)>,
 }
 
-/// Commands that may make a [`Move`].
-const MOVING: &[&str] = &[
-    "renameCollection",
-    "cloneCollectionAsCapped",
-    "aggregate",
-    "mapReduce",
-    "mapreduce",
-    "applyOps",
-];
-
 /// [`Named`] for a command: its body read once (its first element, its
 /// `$db`, its catalogue entry).
 pub fn named(m: &OpMsg) -> Named<'_> {
@@ -211,14 +201,12 @@ pub fn named(m: &OpMsg) -> Named<'_> {
             _ => {}
         }
     }
-    if MOVING.contains(&name) {
-        for mv in moves(m) {
-            if let Source::Namespace(d, c) = mv.from {
-                named.all.push((d, c));
-            }
-            named.all.push(mv.into);
-            named.stored.push(mv.into);
+    for mv in moves_of(m, name, first.str()) {
+        if let Source::Namespace(d, c) = mv.from {
+            named.all.push((d, c));
         }
+        named.all.push(mv.into);
+        named.stored.push(mv.into);
     }
     named.all.retain(|(_, c)| !c.is_empty());
     named
@@ -327,10 +315,16 @@ impl Move<'_> {
 
 /// Every [`Move`] a command makes.
 fn moves(m: &OpMsg) -> Vec<Move<'_>> {
+    match m.body().first().and_then(|e| Some((e.name()?, e.str()))) {
+        Some((name, first)) => moves_of(m, name, first),
+        None => Vec::new(),
+    }
+}
+
+/// [`moves`] for a command whose name and first value (`first`, if a
+/// string) are read already.
+fn moves_of<'m>(m: &'m OpMsg, name: &'m str, first: Option<&'m str>) -> Vec<Move<'m>> {
     let body = m.body();
-    let Some((name, first)) = body.first().and_then(|e| Some((e.name()?, e.str()))) else {
-        return Vec::new();
-    };
     // Read only by the commands that need it: most commands move nothing.
     let db = || body.str_field("$db").unwrap_or_default();
     match name {
