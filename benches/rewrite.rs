@@ -8,6 +8,7 @@ use laconic::rewrite::mapper::raw;
 use laconic::rewrite::{expand, walker};
 use laconic::token::{Dictionary, Policy};
 use laconic::tools::bench::rewrite::{cursor_batch, names_batch, sample};
+use laconic::wire::{DocumentSequence, MsgFlags, OpMsg, Section};
 
 fn rewrite(c: &mut Criterion) {
     let (logical, policy, dict) = sample();
@@ -28,6 +29,37 @@ fn rewrite(c: &mut Criterion) {
     });
     g.bench_function("tokenize", |b| b.iter(|| tokenize(&doc, &policy, &dict)));
     g.bench_function("expand", |b| b.iter(|| expand(&stored, &dict)));
+    g.finish();
+
+    // An insert of 100 such profiles in a document sequence, as drivers send
+    // it: tokenized as one batch, against each profile tokenized alone.
+    let batch: Vec<u8> = (0..100).flat_map(|_| doc.as_bytes().to_vec()).collect();
+    let insert = OpMsg {
+        flags: MsgFlags(0),
+        sections: vec![
+            Section::Body(
+                bson::to_vec(&bson::doc! { "insert": "c", "$db": "d" })
+                    .unwrap()
+                    .into(),
+            ),
+            Section::Sequence(DocumentSequence::new("documents".into(), batch.into()).unwrap()),
+        ],
+        checksum: None,
+    };
+    let mut g = c.benchmark_group("insert_100_profiles");
+    g.throughput(Throughput::Bytes(100 * doc.as_bytes().len() as u64));
+    g.bench_function("tokenize_each", |b| {
+        b.iter(|| {
+            let mut out = Vec::with_capacity(100 * 2048);
+            for _ in 0..100 {
+                raw::tokenize(doc.as_bytes(), &policy, &dict, &mut out).unwrap();
+            }
+            out
+        })
+    });
+    g.bench_function("insert", |b| {
+        b.iter(|| raw::insert(&insert, &policy, &dict).unwrap())
+    });
     g.finish();
 
     // The reply of the proxy benchmark's cursor read: 1,000 small documents

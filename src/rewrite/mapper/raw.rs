@@ -21,7 +21,7 @@ pub fn tokenize<N: Names + ?Sized>(
     names: &N,
     out: &mut Vec<u8>,
 ) -> Result<(), Malformed> {
-    Tokenizer { policy, names }.doc(doc, false, &mut Vec::new(), out, 0)
+    Tokenizer { policy, names }.doc(doc, false, &mut Vec::new(), out, 0, None)
 }
 
 /// Tokenizes a document (or an array's documents) found under the logical
@@ -35,7 +35,77 @@ pub fn tokenize_under<'d, N: Names + ?Sized>(
     out: &mut Vec<u8>,
     depth: usize,
 ) -> Result<(), Malformed> {
-    Tokenizer { policy, names }.doc(doc, is_array, &mut parent.to_vec(), out, depth)
+    Tokenizer { policy, names }.doc(doc, is_array, &mut parent.to_vec(), out, depth, None)
+}
+
+/// What the top-level keys of a batch's documents tokenized so far became,
+/// by their position. The documents of
+/// one batch mostly hold the same keys in the same order, and a key found
+/// where an earlier document had it becomes what it became there, without
+/// asking the policy and the dictionary again (they are the same for the
+/// whole batch, and at the top level the key is all they read). Keys that
+/// are escaped are not kept: their stored form is built anew each time.
+struct Shape<'d> {
+    keys: Vec<Kept<'d>>,
+    /// The position of the document's next key (counted here: `enumerate`
+    /// in the walk left the walker's step a call of its own).
+    next: usize,
+}
+
+/// A key as kept in a [`Shape`]: what [`Tokenizer::key`] made of it.
+#[derive(Clone, Copy)]
+struct Kept<'d> {
+    key: &'d [u8],
+    name: &'d str,
+    stored: Option<&'d [u8]>,
+}
+
+impl<'d> Shape<'d> {
+    /// Positions kept: a document's first keys are the ones its batch shares.
+    const KEPT: usize = 64;
+
+    fn new() -> Shape<'d> {
+        Shape {
+            keys: Vec::new(),
+            next: 0,
+        }
+    }
+
+    /// The next key of a top-level document: as kept, or as `find` says
+    /// (and kept).
+    #[inline]
+    fn key(
+        &mut self,
+        key: &'d [u8],
+        find: impl FnOnce() -> Result<(&'d str, Renamed<'d>), Malformed>,
+    ) -> Result<(&'d str, Renamed<'d>), Malformed> {
+        let at = self.next;
+        self.next += 1;
+        if let Some(kept) = self.keys.get(at) {
+            if kept.key == key {
+                return Ok((kept.name, kept.stored.map(Cow::Borrowed)));
+            }
+        }
+        let (name, stored) = find()?;
+        let stored_as = match &stored {
+            None => Some(None),
+            Some(Cow::Borrowed(s)) => Some(Some(*s)),
+            Some(Cow::Owned(_)) => None,
+        };
+        if let Some(stored_as) = stored_as {
+            let kept = Kept {
+                key,
+                name,
+                stored: stored_as,
+            };
+            if at < self.keys.len() {
+                self.keys[at] = kept;
+            } else if at == self.keys.len() && at < Self::KEPT {
+                self.keys.push(kept);
+            }
+        }
+        Ok((name, stored))
+    }
 }
 
 /// One policy and one dictionary, applied to documents.
@@ -45,6 +115,8 @@ struct Tokenizer<'p, N: ?Sized> {
 }
 
 impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
+    /// Tokenizes `doc` into `out`. `shape`: what the keys of the documents
+    /// before it became, for a top-level document of a batch.
     fn doc<'d>(
         &self,
         doc: &'d [u8],
@@ -52,6 +124,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         parent: &mut Vec<&'d str>,
         out: &mut Vec<u8>,
         depth: usize,
+        mut shape: Option<&mut Shape<'d>>,
     ) -> Result<(), Malformed>
     where
         'p: 'd,
@@ -62,6 +135,9 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         // not a document and not at a value path) are copied in runs, up to
         // the next one that changes, as the expander does.
         let mut copied = 4;
+        if let Some(shape) = shape.as_deref_mut() {
+            shape.next = 0;
+        }
         for e in elements(doc) {
             let e = e?;
             if e.kind == 0x05 && e.value.get(4) == Some(&VALUE_SUBTYPE) {
@@ -76,7 +152,10 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
                 }
                 continue;
             }
-            let (key, stored) = self.key(parent, e.key)?;
+            let (key, stored) = match shape.as_deref_mut() {
+                Some(shape) => shape.key(e.key, || self.key(parent, e.key))?,
+                None => self.key(parent, e.key)?,
+            };
             parent.push(key);
             let at_value_path =
                 !self.policy.value_paths.is_empty() && self.policy.is_value_path(parent);
@@ -188,7 +267,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
             }
             0x03 | 0x04 => {
                 header(out, e.kind, key);
-                self.doc(v, e.kind == 0x04, parent, out, descend(depth)?)?;
+                self.doc(v, e.kind == 0x04, parent, out, descend(depth)?, None)?;
             }
             _ => {
                 header(out, e.kind, key);
@@ -230,12 +309,13 @@ pub fn insert<N: Names + ?Sized>(
                     if e.key == b"documents" && e.kind == 0x04 {
                         let array = begin(&mut body);
                         let tokenizer = Tokenizer { policy, names };
-                        let mut parent = Vec::with_capacity(8);
+                        let (mut parent, mut shape) = (Vec::with_capacity(8), Shape::new());
                         for d in elements(e.value) {
                             let d = d?;
                             header(&mut body, d.kind, d.key);
                             if d.kind == 0x03 {
-                                tokenizer.doc(d.value, false, &mut parent, &mut body, 0)?;
+                                let shape = Some(&mut shape);
+                                tokenizer.doc(d.value, false, &mut parent, &mut body, 0, shape)?;
                             } else {
                                 body.extend_from_slice(d.value);
                             }
@@ -253,9 +333,10 @@ pub fn insert<N: Names + ?Sized>(
                 let size = seq.bytes().len();
                 let mut stored = Vec::with_capacity(size + size / 4);
                 let tokenizer = Tokenizer { policy, names };
-                let mut parent = Vec::with_capacity(8);
+                let (mut parent, mut shape) = (Vec::with_capacity(8), Shape::new());
                 for d in seq.documents() {
-                    tokenizer.doc(d, false, &mut parent, &mut stored, 0)?;
+                    let shape = Some(&mut shape);
+                    tokenizer.doc(d, false, &mut parent, &mut stored, 0, shape)?;
                 }
                 DocumentSequence::new(seq.identifier.clone(), bytes::Bytes::from(stored))
                     .map(Section::Sequence)
@@ -380,10 +461,87 @@ mod tests {
         prop::collection::vec((arb_key(), value), 0..6).prop_map(|kv| kv.into_iter().collect())
     }
 
+    /// A batch through `insert`, in a sequence and in the body's array:
+    /// each document as the owned rewriter tokenizes it alone. The batch
+    /// repeats its documents in other orders, so that keys are found where
+    /// an earlier document had them, where it had others, and past its end.
+    fn check_batch(docs: &[Document]) {
+        use crate::wire::{DocumentSequence, MsgFlags, OpMsg, Section};
+        let policy = policy();
+        let mut dict = Dictionary::default();
+        for doc in docs {
+            let mut names = Vec::new();
+            tokenize::collect_names(doc, &policy, &mut names);
+            let mut values = Vec::new();
+            tokenize::collect_values(doc, &policy, &mut values);
+            dict.add_names(&names);
+            dict.add_values(&values);
+        }
+        let batch: Vec<&Document> = docs.iter().chain(docs.iter().rev()).chain(docs).collect();
+        let expected: Vec<Vec<u8>> = batch
+            .iter()
+            .map(|d| bson::to_vec(&tokenize::document(d, &mut Vec::new(), &policy, &dict)).unwrap())
+            .collect();
+        let sequence: Vec<u8> = batch
+            .iter()
+            .flat_map(|d| bson::to_vec(d).unwrap())
+            .collect();
+        let in_body = doc! { "insert": "c", "documents": batch.iter().map(|d| Bson::Document((*d).clone())).collect::<Vec<_>>(), "$db": "d" };
+        for m in [
+            OpMsg {
+                flags: MsgFlags(0),
+                sections: vec![
+                    Section::Body(
+                        bson::to_vec(&doc! { "insert": "c", "$db": "d" })
+                            .unwrap()
+                            .into(),
+                    ),
+                    Section::Sequence(
+                        DocumentSequence::new("documents".into(), sequence.into()).unwrap(),
+                    ),
+                ],
+                checksum: None,
+            },
+            OpMsg {
+                flags: MsgFlags(0),
+                sections: vec![Section::Body(bson::to_vec(&in_body).unwrap().into())],
+                checksum: None,
+            },
+        ] {
+            let out = insert(&m, &policy, &dict).unwrap();
+            let got: Vec<Vec<u8>> = match &out.sections[..] {
+                [_, Section::Sequence(s)] => s.documents().map(<[u8]>::to_vec).collect(),
+                _ => out
+                    .body()
+                    .get_array("documents")
+                    .unwrap()
+                    .into_iter()
+                    .map(|d| d.unwrap().as_document().unwrap().as_bytes().to_vec())
+                    .collect(),
+            };
+            assert_eq!(got, expected);
+        }
+    }
+
+    #[test]
+    fn a_batch_of_alike_documents_tokenizes_as_each_alone() {
+        check_batch(&[
+            doc! { "_id": 1, "first_name": "a", "custom": {"k": 1}, "artists": ["Taylor Swift"] },
+            doc! { "_id": 2, "first_name": "b", "custom": {"k": 2}, "artists": ["Bad Bunny"] },
+            doc! { "_id": 3, "custom": {"first_name": 3}, "first_name": "c", "\u{1}odd": 1 },
+            doc! { "first_name": 4 },
+        ]);
+    }
+
     proptest! {
         #[test]
         fn raw_rewrites_agree_with_the_owned_ones(doc in arb_doc()) {
             check(&doc);
+        }
+
+        #[test]
+        fn a_batch_tokenizes_as_its_documents_alone(docs in prop::collection::vec(arb_doc(), 1..5)) {
+            check_batch(&docs);
         }
     }
 }
