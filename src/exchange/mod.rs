@@ -167,6 +167,7 @@ impl Exchange {
             }
         }
         if let Message::Msg(m) = self.frame.message() {
+            let request = m.body();
             // Who sends a command that may open or continue a cursor (the
             // hot writes open none).
             let writes = matches!(
@@ -176,12 +177,12 @@ impl Exchange {
             if ctx.rewrite.tokens.is_some() && !writes && !auth::is_authentication(&self.command) {
                 self.owner = Owner {
                     users: state.auth.users(leg).await?,
-                    lsid: Owner::lsid_of(m.body()),
+                    lsid: Owner::lsid_of(request),
                     connection: state.connection,
                 };
-                ctx.cursors.check(&self.command, m.body(), &self.owner)?;
+                ctx.cursors.check(&self.command, request, &self.owner)?;
                 if self.command == "endSessions" {
-                    ctx.cursors.sessions_ended(m.body());
+                    ctx.cursors.sessions_ended(request);
                 }
             }
             // A getMore of documents held back from an oversized batch is
@@ -190,24 +191,24 @@ impl Exchange {
             // of the upstream's, the answer is written within a share of
             // the budget for replies, taken before its documents leave the
             // held count.
-            let aliases = ctx.cursors.aliased(&self.command, m.body());
-            let share = match ctx.cursors.answer_len(&self.command, m.body()) {
+            let aliases = ctx.cursors.aliased(&self.command, request);
+            let share = match ctx.cursors.answer_len(&self.command, request) {
                 Some(len) if len > crate::wire::UNSHARED_MESSAGE => {
                     Some(ctx.replies.share(len).await)
                 }
                 _ => None,
             };
-            if let Some(body) = ctx.cursors.answer(&self.command, m.body()) {
+            if let Some(body) = ctx.cursors.answer(&self.command, request) {
                 ctx.metrics.held_bytes(ctx.cursors.held_bytes());
                 return Ok(Step::Answer(body?, share));
             }
             if !aliases.is_empty() {
                 // A body the walker cannot read goes as it came, and is
                 // refused upstream.
-                if let Ok(Some(body)) = rewrite::cursor::rename_ids(m.body(), &aliases) {
+                if let Ok(Some(body)) = rewrite::cursor::rename_ids(request, &aliases) {
                     // A cursor whose batch was cut asks for no more than
                     // fitted, so that its batches are not cut again.
-                    let body = match ctx.cursors.most(m.body()) {
+                    let body = match ctx.cursors.most(request) {
                         Some(most) => rewrite::cursor::cap_batch(body.document(), most)
                             .ok()
                             .flatten()
@@ -388,14 +389,16 @@ impl Exchange {
         reply: Frame,
     ) -> Result<(Frame, Option<Share>), ProxyError> {
         let reply = decompress(ctx, reply, Side::Upstream).await?.0;
-        if let Some(m) = reply.op_msg() {
-            self.moved |= crate::upstream::topology::moved(m.body());
-        }
-        let physical = reply.op_msg().map(|m| m.body().as_bytes().len());
+        let physical = reply.op_msg().map(|m| {
+            let body = m.body();
+            self.moved |= crate::upstream::topology::moved(body);
+            body.as_bytes().len()
+        });
         let replied = tokens::expand(ctx, reply, &self.plan, &mut state.legs).await?;
         let frame = replied.frame;
         if let Some(m) = frame.op_msg() {
-            state.auth.observe(&self.command, m.body());
+            let body = m.body();
+            state.auth.observe(&self.command, body);
             match self.command.as_str() {
                 "dropDatabase" => tokens::dropped(ctx, &self.frame),
                 "drop" | "renameCollection" => tokens::removed(ctx, &self.frame, &frame).await,
@@ -404,7 +407,7 @@ impl Exchange {
             if let (ReplyPlan::Rewrite(rules), Some(physical)) = (&self.plan, physical) {
                 if let Some(rewrite::Expansion::One(db)) = &rules.kind.expand {
                     ctx.metrics
-                        .documents(db, "read", m.body().as_bytes().len(), physical);
+                        .documents(db, "read", body.as_bytes().len(), physical);
                 }
             }
             if let (Some(logical), Some(shadow)) = (self.shadowed.take(), &ctx.shadow) {

@@ -170,22 +170,23 @@ pub fn by_rules(
     let Message::Msg(m) = frame.message() else {
         return Ok(frame.into());
     };
-    let kind = &*kind_of(m.body(), rules)?;
+    let stored = m.body();
+    let kind = &*kind_of(stored, rules)?;
     // Tokens first, raw bytes to raw bytes, so that shard-key rules
     // see logical names.
     if kind.strings != expand::Strings::Data {
-        fact = cursor_fact(m.body(), kind, rules.get_more);
+        fact = cursor_fact(stored, kind, rules.get_more);
     }
     // A reply that is no cursor batch cannot be cut and held: it is sent
     // whole, or refused past the message limit.
-    if m.body().doc_field("cursor").is_none() {
+    if stored.doc_field("cursor").is_none() {
         room.at_most(crate::wire::MAX_MESSAGE_SIZE);
     }
     let mut body = match (&kind.expand, &settings.tokens) {
-        (Some(e), Some(t)) => expand_tokens(m.body(), e, kind.strings, t, &mut room)?,
+        (Some(e), Some(t)) => expand_tokens(stored, e, kind.strings, t, &mut room)?,
         _ => None,
     };
-    let current = body.as_ref().map_or(m.body(), MsgBody::document);
+    let current = body.as_ref().map_or(stored, MsgBody::document);
     let restore = rules.shard.restore && shard_key::may_hold_stored_values(current.as_bytes());
     let hide = rules.shard.hide.as_deref();
     if restore || hide.is_some() {
@@ -201,7 +202,7 @@ pub fn by_rules(
     // reaches another proxy is refused upstream, not misread.
     let alias = match rules.unknown_cursor || rules.get_more.is_some() {
         true => None,
-        false => misread_elsewhere(m.body(), kind),
+        false => misread_elsewhere(stored, kind),
     };
     let aliases = match alias {
         Some(a) => std::borrow::Cow::Owned(vec![a]),
@@ -222,7 +223,7 @@ pub fn by_rules(
     }
     // Cursor ids the driver knows by the proxy's own are given back so.
     if held.is_none() && !aliases.is_empty() {
-        let current = body.as_ref().map_or(m.body(), MsgBody::document);
+        let current = body.as_ref().map_or(stored, MsgBody::document);
         let to_proxy: Vec<(i64, i64)> = aliases.iter().map(|&(proxy, up)| (up, proxy)).collect();
         if let Some(renamed) = cursor::rename_ids(current, &to_proxy).map_err(|e| {
             ProxyError::Internal(format!("the upstream's reply cannot be read: {e}"))
@@ -239,7 +240,7 @@ pub fn by_rules(
     };
     // A driver closes the connection on a message over
     // maxMessageSizeBytes. Never send one.
-    let grown = m.encoded_len() - m.body().as_bytes().len() + body.document().as_bytes().len();
+    let grown = m.encoded_len() - stored.as_bytes().len() + body.document().as_bytes().len();
     if grown > crate::wire::MAX_MESSAGE_SIZE {
         return Err(ProxyError::ReplyTooLarge(grown, false));
     }
