@@ -39,20 +39,20 @@ pub fn tokenize_under<'d, N: Names + ?Sized>(
 }
 
 /// What the top-level keys of a batch's documents tokenized so far became,
-/// by their position. The documents of
-/// one batch mostly hold the same keys in the same order, and a key found
-/// where an earlier document had it becomes what it became there, without
-/// asking the policy and the dictionary again (they are the same for the
-/// whole batch, and at the top level the key is all they read). Keys that
-/// are escaped are not kept: their stored form is built anew each time.
-struct Shape<'d> {
+/// by their position. The documents of one batch mostly hold the same keys
+/// in the same order, and a key found where an earlier document had it
+/// becomes what it became there, without asking the policy and the
+/// dictionary again (they are the same for the whole batch, and at the top
+/// level the key is all they read). Keys that are escaped are not kept:
+/// their stored form is built anew each time.
+struct BatchKeys<'d> {
     keys: Vec<Kept<'d>>,
     /// The position of the document's next key (counted here: `enumerate`
     /// in the walk left the walker's step a call of its own).
     next: usize,
 }
 
-/// A key as kept in a [`Shape`]: what [`Tokenizer::key`] made of it.
+/// A key as kept in a [`BatchKeys`]: what [`Tokenizer::key`] made of it.
 #[derive(Clone, Copy)]
 struct Kept<'d> {
     key: &'d [u8],
@@ -60,12 +60,12 @@ struct Kept<'d> {
     stored: Option<&'d [u8]>,
 }
 
-impl<'d> Shape<'d> {
+impl<'d> BatchKeys<'d> {
     /// Positions kept: a document's first keys are the ones its batch shares.
     const KEPT: usize = 64;
 
-    fn new() -> Shape<'d> {
-        Shape {
+    fn new() -> BatchKeys<'d> {
+        BatchKeys {
             keys: Vec::new(),
             next: 0,
         }
@@ -115,7 +115,7 @@ struct Tokenizer<'p, N: ?Sized> {
 }
 
 impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
-    /// Tokenizes `doc` into `out`. `shape`: what the keys of the documents
+    /// Tokenizes `doc` into `out`. `seen`: what the keys of the documents
     /// before it became, for a top-level document of a batch.
     fn doc<'d>(
         &self,
@@ -124,7 +124,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         parent: &mut Vec<&'d str>,
         out: &mut Vec<u8>,
         depth: usize,
-        mut shape: Option<&mut Shape<'d>>,
+        mut seen: Option<&mut BatchKeys<'d>>,
     ) -> Result<(), Malformed>
     where
         'p: 'd,
@@ -135,8 +135,8 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         // not a document and not at a value path) are copied in runs, up to
         // the next one that changes, as the expander does.
         let mut copied = 4;
-        if let Some(shape) = shape.as_deref_mut() {
-            shape.next = 0;
+        if let Some(seen) = seen.as_deref_mut() {
+            seen.next = 0;
         }
         for e in elements(doc) {
             let e = e?;
@@ -152,8 +152,8 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
                 }
                 continue;
             }
-            let (key, stored) = match shape.as_deref_mut() {
-                Some(shape) => shape.key(e.key, || self.key(parent, e.key))?,
+            let (key, stored) = match seen.as_deref_mut() {
+                Some(seen) => seen.key(e.key, || self.key(parent, e.key))?,
                 None => self.key(parent, e.key)?,
             };
             parent.push(key);
@@ -309,13 +309,13 @@ pub fn insert<N: Names + ?Sized>(
                     if e.key == b"documents" && e.kind == 0x04 {
                         let array = begin(&mut body);
                         let tokenizer = Tokenizer { policy, names };
-                        let (mut parent, mut shape) = (Vec::with_capacity(8), Shape::new());
+                        let (mut parent, mut seen) = (Vec::with_capacity(8), BatchKeys::new());
                         for d in elements(e.value) {
                             let d = d?;
                             header(&mut body, d.kind, d.key);
                             if d.kind == 0x03 {
-                                let shape = Some(&mut shape);
-                                tokenizer.doc(d.value, false, &mut parent, &mut body, 0, shape)?;
+                                let seen = Some(&mut seen);
+                                tokenizer.doc(d.value, false, &mut parent, &mut body, 0, seen)?;
                             } else {
                                 body.extend_from_slice(d.value);
                             }
@@ -333,10 +333,10 @@ pub fn insert<N: Names + ?Sized>(
                 let size = seq.bytes().len();
                 let mut stored = Vec::with_capacity(size + size / 4);
                 let tokenizer = Tokenizer { policy, names };
-                let (mut parent, mut shape) = (Vec::with_capacity(8), Shape::new());
+                let (mut parent, mut seen) = (Vec::with_capacity(8), BatchKeys::new());
                 for d in seq.documents() {
-                    let shape = Some(&mut shape);
-                    tokenizer.doc(d, false, &mut parent, &mut stored, 0, shape)?;
+                    let seen = Some(&mut seen);
+                    tokenizer.doc(d, false, &mut parent, &mut stored, 0, seen)?;
                 }
                 DocumentSequence::new(seq.identifier.clone(), bytes::Bytes::from(stored))
                     .map(Section::Sequence)
