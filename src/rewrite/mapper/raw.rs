@@ -38,73 +38,91 @@ pub fn tokenize_under<'d, N: Names + ?Sized>(
     Tokenizer { policy, names }.doc(doc, is_array, &mut parent.to_vec(), out, depth, None)
 }
 
-/// What the top-level keys of a batch's documents tokenized so far became,
-/// by their position. The documents of one batch mostly hold the same keys
-/// in the same order, and a key found where an earlier document had it
-/// becomes what it became there, without asking the policy and the
-/// dictionary again (they are the same for the whole batch, and at the top
-/// level the key is all they read). Keys that are escaped are not kept:
-/// their stored form is built anew each time.
+/// What the keys of a batch's documents tokenized so far became, by their
+/// position: at the top level of the documents, and one level below (the
+/// documents and arrays of documents under each top-level key, which share
+/// what their keys became). The documents of one batch mostly hold the same
+/// keys in the same order, and a key found where an earlier document had
+/// it becomes what it became there, without asking the policy and the
+/// dictionary again: they are the same for the whole batch, and what they
+/// make of a key turns on its logical path alone, which a key found at each
+/// level above makes the same. Keys that are escaped are not kept: their
+/// stored form is built anew each time.
+///
+/// At most [`BatchKeys::KEPT`] positions per level, two levels: a batch of
+/// any shape keeps no more than 64 + 64 × 64 keys.
 struct BatchKeys<'d> {
     keys: Vec<Kept<'d>>,
     /// The position of the document's next key (counted here: `enumerate`
     /// in the walk left the walker's step a call of its own).
     next: usize,
+    /// Whether what the keys below these became is kept too.
+    deeper: bool,
 }
 
-/// A key as kept in a [`BatchKeys`]: what [`Tokenizer::key`] made of it.
-#[derive(Clone, Copy)]
+/// A key as kept in a [`BatchKeys`]: what [`Tokenizer::key`] made of it,
+/// and what the keys below it became.
 struct Kept<'d> {
     key: &'d [u8],
     name: &'d str,
     stored: Option<&'d [u8]>,
+    below: BatchKeys<'d>,
 }
 
 impl<'d> BatchKeys<'d> {
-    /// Positions kept: a document's first keys are the ones its batch shares.
+    /// Positions kept per level: a document's first keys are the ones its
+    /// batch shares.
     const KEPT: usize = 64;
 
-    fn new() -> BatchKeys<'d> {
+    /// The keys of a batch's top-level documents.
+    fn top() -> BatchKeys<'d> {
+        BatchKeys::new(true)
+    }
+
+    fn new(deeper: bool) -> BatchKeys<'d> {
         BatchKeys {
             keys: Vec::new(),
             next: 0,
+            deeper,
         }
     }
 
-    /// The next key of a top-level document: as kept, or as `find` says
-    /// (and kept).
+    /// The next key of a document: as kept, or as `find` says (and kept);
+    /// with what the keys below it became, if they are kept.
     #[inline]
+    #[allow(clippy::type_complexity)]
     fn key(
         &mut self,
         key: &'d [u8],
         find: impl FnOnce() -> Result<(&'d str, Renamed<'d>), Malformed>,
-    ) -> Result<(&'d str, Renamed<'d>), Malformed> {
+    ) -> Result<(&'d str, Renamed<'d>, Option<&mut BatchKeys<'d>>), Malformed> {
         let at = self.next;
         self.next += 1;
-        if let Some(kept) = self.keys.get(at) {
-            if kept.key == key {
-                return Ok((kept.name, kept.stored.map(Cow::Borrowed)));
-            }
-        }
-        let (name, stored) = find()?;
-        let stored_as = match &stored {
-            None => Some(None),
-            Some(Cow::Borrowed(s)) => Some(Some(*s)),
-            Some(Cow::Owned(_)) => None,
-        };
-        if let Some(stored_as) = stored_as {
+        if self.keys.get(at).is_none_or(|kept| kept.key != key) {
+            let (name, stored) = find()?;
+            let stored_as = match &stored {
+                None => None,
+                Some(Cow::Borrowed(s)) => Some(*s),
+                Some(Cow::Owned(_)) => return Ok((name, stored, None)),
+            };
             let kept = Kept {
                 key,
                 name,
                 stored: stored_as,
+                below: BatchKeys::new(false),
             };
             if at < self.keys.len() {
                 self.keys[at] = kept;
             } else if at == self.keys.len() && at < Self::KEPT {
                 self.keys.push(kept);
+            } else {
+                return Ok((name, stored, None));
             }
         }
-        Ok((name, stored))
+        let deeper = self.deeper;
+        let kept = &mut self.keys[at];
+        let below = deeper.then_some(&mut kept.below);
+        Ok((kept.name, kept.stored.map(Cow::Borrowed), below))
     }
 }
 
@@ -115,8 +133,9 @@ struct Tokenizer<'p, N: ?Sized> {
 }
 
 impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
-    /// Tokenizes `doc` into `out`. `seen`: what the keys of the documents
-    /// before it became, for a top-level document of a batch.
+    /// Tokenizes `doc` into `out`. `seen`: what the keys of the batch's
+    /// documents before it became at its place in them, for a document of a
+    /// batch (an array: for the documents it holds).
     fn doc<'d>(
         &self,
         doc: &'d [u8],
@@ -147,14 +166,18 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
             if is_array {
                 if nested {
                     put(out, &doc[copied..e.at]);
-                    self.value(e, e.key, false, parent, out, depth)?;
+                    let seen = seen.as_deref_mut();
+                    self.value(e, e.key, false, parent, out, depth, seen)?;
                     copied = e.end();
                 }
                 continue;
             }
-            let (key, stored) = match seen.as_deref_mut() {
+            let (key, stored, below) = match seen.as_deref_mut() {
                 Some(seen) => seen.key(e.key, || self.key(parent, e.key))?,
-                None => self.key(parent, e.key)?,
+                None => {
+                    let (key, stored) = self.key(parent, e.key)?;
+                    (key, stored, None)
+                }
             };
             parent.push(key);
             let at_value_path =
@@ -162,7 +185,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
             if nested || at_value_path {
                 put(out, &doc[copied..e.at]);
                 let stored = stored.as_deref().unwrap_or(e.key);
-                self.value(e, stored, at_value_path, parent, out, depth)?;
+                self.value(e, stored, at_value_path, parent, out, depth, below)?;
                 copied = e.end();
             } else if let Some(stored) = stored {
                 // A plain value under a new key: the run up to the key, its
@@ -210,7 +233,9 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         Ok((key, stored))
     }
 
-    /// One element's value, under its stored `key`.
+    /// One element's value, under its stored `key`; `seen`, for a document
+    /// or an array of a batch's documents (see [`Tokenizer::doc`]).
+    #[allow(clippy::too_many_arguments)]
     fn value<'d>(
         &self,
         e: Element<'d>,
@@ -219,6 +244,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
         parent: &mut Vec<&'d str>,
         out: &mut Vec<u8>,
         depth: usize,
+        seen: Option<&mut BatchKeys<'d>>,
     ) -> Result<(), Malformed>
     where
         'p: 'd,
@@ -244,7 +270,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
                 let depth = descend(depth)?;
                 for x in elements(v) {
                     let x = x?;
-                    self.value(x, x.key, true, parent, out, depth)?;
+                    self.value(x, x.key, true, parent, out, depth, None)?;
                 }
                 finish(out, start);
             }
@@ -257,7 +283,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
                 for x in elements(v) {
                     let x = x?;
                     if x.key == b"$each" {
-                        self.value(x, x.key, true, parent, out, depth)?;
+                        self.value(x, x.key, true, parent, out, depth, None)?;
                     } else {
                         header(out, x.kind, x.key);
                         out.extend_from_slice(x.value);
@@ -267,7 +293,7 @@ impl<'p, N: Names + ?Sized> Tokenizer<'p, N> {
             }
             0x03 | 0x04 => {
                 header(out, e.kind, key);
-                self.doc(v, e.kind == 0x04, parent, out, descend(depth)?, None)?;
+                self.doc(v, e.kind == 0x04, parent, out, descend(depth)?, seen)?;
             }
             _ => {
                 header(out, e.kind, key);
@@ -309,7 +335,7 @@ pub fn insert<N: Names + ?Sized>(
                     if e.key == b"documents" && e.kind == 0x04 {
                         let array = begin(&mut body);
                         let tokenizer = Tokenizer { policy, names };
-                        let (mut parent, mut seen) = (Vec::with_capacity(8), BatchKeys::new());
+                        let (mut parent, mut seen) = (Vec::with_capacity(8), BatchKeys::top());
                         for d in elements(e.value) {
                             let d = d?;
                             header(&mut body, d.kind, d.key);
@@ -333,7 +359,7 @@ pub fn insert<N: Names + ?Sized>(
                 let size = seq.bytes().len();
                 let mut stored = Vec::with_capacity(size + size / 4);
                 let tokenizer = Tokenizer { policy, names };
-                let (mut parent, mut seen) = (Vec::with_capacity(8), BatchKeys::new());
+                let (mut parent, mut seen) = (Vec::with_capacity(8), BatchKeys::top());
                 for d in seq.documents() {
                     let seen = Some(&mut seen);
                     tokenizer.doc(d, false, &mut parent, &mut stored, 0, seen)?;
@@ -530,6 +556,14 @@ mod tests {
             doc! { "_id": 2, "first_name": "b", "custom": {"k": 2}, "artists": ["Bad Bunny"] },
             doc! { "_id": 3, "custom": {"first_name": 3}, "first_name": "c", "\u{1}odd": 1 },
             doc! { "first_name": 4 },
+            // One level below: the same keys under other names, in arrays,
+            // under a custom-attribute path (where short names are
+            // tokenized) and at a value path (whose values are tokenized).
+            doc! { "custom": {"k": 1, "first_name": 2}, "other": {"k": 1} },
+            doc! { "other": {"k": 1, "first_name": 2}, "custom": {"k": 1} },
+            doc! { "other": [{"k": 1}, [{"k": 2, "first_name": 3}]], "custom": [{"k": 1}] },
+            doc! { "artists": [{"k": 1}, "Taylor Swift"], "custom": {"k": {"k": 1}} },
+            doc! { "custom": "Taylor Swift", "artists": {"k": 1, "$each": ["Bad Bunny"]} },
         ]);
     }
 
