@@ -50,7 +50,9 @@ pub fn tokenize_under<'d, N: Names + ?Sized>(
 /// stored form is built anew each time.
 ///
 /// At most [`BatchKeys::KEPT`] positions per level, two levels: a batch of
-/// any shape keeps no more than 64 + 64 × 64 keys.
+/// any shape keeps no more than 64 + 64 × 64 keys (about 360 KB), and only
+/// while its `insert` is rewritten, on one thread (a rewrite does not
+/// wait on anything).
 struct BatchKeys<'d> {
     keys: Vec<Kept<'d>>,
     /// The position of the document's next key (counted here: `enumerate`
