@@ -403,14 +403,16 @@ fn internal_writes(m: &OpMsg) -> Result<(), ProxyError> {
     let Some((name, first)) = body.first().and_then(|e| Some((e.name()?, e.str()))) else {
         return Ok(());
     };
-    let db = body.str_field("$db").unwrap_or_default();
+    // Read only where it is needed: most commands write no internal
+    // collection and have no output.
+    let db = || body.str_field("$db").unwrap_or_default();
     if WRITES.contains(&name) {
         if let Some(c) = target(first) {
-            return Err(refuse(db, name, c));
+            return Err(refuse(db(), name, c));
         }
         if name == "cloneCollectionAsCapped" {
             if let Some(c) = target(body.str_field("toCollection")) {
-                return Err(refuse(db, name, c));
+                return Err(refuse(db(), name, c));
             }
         }
     }
@@ -418,12 +420,12 @@ fn internal_writes(m: &OpMsg) -> Result<(), ProxyError> {
         "renameCollection" => {
             for ns in [first, body.str_field("to")].into_iter().flatten() {
                 if let Some(c) = internal_ns(ns) {
-                    return Err(refuse(db, name, c));
+                    return Err(refuse(db(), name, c));
                 }
             }
         }
         "aggregate" => {
-            if let Some((stage, out_db, coll)) = output(body, db) {
+            if let Some((stage, out_db, coll)) = output(body, db()) {
                 if internal(coll) {
                     return Err(refuse(out_db, stage, coll));
                 }
@@ -439,7 +441,7 @@ fn internal_writes(m: &OpMsg) -> Result<(), ProxyError> {
             for entry in listed.flatten().chain(sequenced) {
                 let ns = entry.as_document().and_then(|d| d.get_str("ns").ok());
                 if let Some(c) = ns.and_then(internal_ns) {
-                    return Err(refuse(db, name, c));
+                    return Err(refuse(db(), name, c));
                 }
             }
         }
@@ -453,12 +455,12 @@ fn internal_writes(m: &OpMsg) -> Result<(), ProxyError> {
             {
                 let ns = op.as_document().and_then(|d| d.get_str("ns").ok());
                 if let Some(c) = ns.and_then(internal_ns) {
-                    return Err(refuse(db, name, c));
+                    return Err(refuse(db(), name, c));
                 }
             }
         }
         "mapReduce" | "mapreduce" => {
-            if let Some((out_db, c)) = map_reduce_output(body, db).filter(|(_, c)| internal(c)) {
+            if let Some((out_db, c)) = map_reduce_output(body, db()).filter(|(_, c)| internal(c)) {
                 return Err(refuse(out_db, name, c));
             }
         }
