@@ -21,7 +21,7 @@ use parking_lot::RwLock;
 use tokio::sync::Notify;
 
 use super::connection::{connect_host, next_reply, send, UpstreamAddr};
-use crate::rewrite::walker::Fields;
+use crate::rewrite::walker::{elements, Element, Fields};
 use crate::wire::{Frame, Message, MsgFlags, OpMsg};
 
 /// What the last `hello` said of a host.
@@ -245,12 +245,22 @@ pub fn moved(reply: &RawDocument) -> bool {
         91,    // ShutdownInProgress
         10058, // LegacyNotPrimary
     ];
-    let listed = |d: &RawDocument| {
-        d.field("code")
-            .and_then(|e| e.number())
+    let listed = |e: Element<'_>| {
+        e.number()
             .is_some_and(|c| CODES.iter().any(|&k| f64::from(k) == c.trunc()))
     };
-    listed(reply) || reply.doc_field("writeConcernError").is_some_and(listed)
+    // One pass over the reply (every reply is read so): its own code, or
+    // its write concern error's.
+    elements(reply.as_bytes())
+        .map_while(Result::ok)
+        .any(|e| match e.key {
+            b"code" => listed(e),
+            b"writeConcernError" => e
+                .document()
+                .and_then(|d| d.field("code"))
+                .is_some_and(listed),
+            _ => false,
+        })
 }
 
 #[cfg(test)]
@@ -307,5 +317,15 @@ mod tests {
             &rawdoc! {"ok": 1.0, "writeConcernError": {"code": 189}}
         ));
         assert!(!moved(&rawdoc! {"ok": 0.0, "code": 11000}));
+        // Either one, in either order, past fields of any kind.
+        assert!(moved(
+            &rawdoc! {"cursor": {"code": 1}, "code": 64, "writeConcernError": {"code": 91}}
+        ));
+        assert!(moved(
+            &rawdoc! {"writeConcernError": {"code": 64}, "code": 13435, "ok": 0.0}
+        ));
+        assert!(!moved(
+            &rawdoc! {"ok": 1.0, "cursor": {"code": 10107}, "writeConcernError": {"errmsg": "x"}}
+        ));
     }
 }
