@@ -172,14 +172,17 @@ pub fn by_rules(
     };
     let stored = m.body();
     let kind = &*kind_of(stored, rules)?;
+    // The cursor the reply opens or continues, and its id, read once.
+    let cursor = stored.doc_field("cursor");
+    let cursor_id = cursor.and_then(|c| c.field("id")?.i64());
     // Tokens first, raw bytes to raw bytes, so that shard-key rules
     // see logical names.
     if kind.strings != expand::Strings::Data {
-        fact = cursor_fact(stored, kind, rules.get_more);
+        fact = cursor_fact(cursor_id, kind, rules.get_more);
     }
     // A reply that is no cursor batch cannot be cut and held: it is sent
     // whole, or refused past the message limit.
-    if stored.doc_field("cursor").is_none() {
+    if cursor.is_none() {
         room.at_most(crate::wire::MAX_MESSAGE_SIZE);
     }
     let mut body = match (&kind.expand, &settings.tokens) {
@@ -202,7 +205,7 @@ pub fn by_rules(
     // reaches another proxy is refused upstream, not misread.
     let alias = match rules.unknown_cursor || rules.get_more.is_some() {
         true => None,
-        false => misread_elsewhere(stored, kind),
+        false => misread_elsewhere(stored, cursor_id, kind),
     };
     let aliases = match alias {
         Some(a) => std::borrow::Cow::Owned(vec![a]),
@@ -353,17 +356,17 @@ fn not_older(
     Ok(())
 }
 
-/// The cursor a reply opens, with a fresh proxy id for it, if another
-/// proxy would read its batches otherwise than `kind` says
-/// ([`cursor::kind_of_unknown`]: statistics and index specs, whose path
-/// strings it would leave as stored).
-fn misread_elsewhere(body: &bson::RawDocument, kind: &CursorKind) -> Option<(i64, i64)> {
+/// The cursor a reply opens (`id`, its cursor's id), with a fresh proxy
+/// id for it, if another proxy would read its batches otherwise than
+/// `kind` says ([`cursor::kind_of_unknown`]: statistics and index specs,
+/// whose path strings it would leave as stored).
+fn misread_elsewhere(
+    body: &bson::RawDocument,
+    id: Option<i64>,
+    kind: &CursorKind,
+) -> Option<(i64, i64)> {
     kind.expand.as_ref()?;
-    let id = body
-        .doc_field("cursor")?
-        .field("id")?
-        .i64()
-        .filter(|&id| id != 0)?;
+    let id = id.filter(|&id| id != 0)?;
     let documents = CursorKind {
         strings: expand::Strings::Data,
         expand: kind.expand.clone(),
@@ -493,10 +496,10 @@ fn expand_batch(
 const DOCUMENT: u8 = 0x03;
 const ARRAY: u8 = 0x04;
 
-/// What a reply says of its cursor: the kind of one that stays open, or
-/// the end of the one a `getMore` continued.
-fn cursor_fact(body: &bson::RawDocument, kind: &CursorKind, get_more: Option<i64>) -> CursorFact {
-    let Some(id) = body.doc_field("cursor").and_then(|c| c.field("id")?.i64()) else {
+/// What a reply says of its cursor (`id`, its cursor's id): the kind of
+/// one that stays open, or the end of the one a `getMore` continued.
+fn cursor_fact(id: Option<i64>, kind: &CursorKind, get_more: Option<i64>) -> CursorFact {
+    let Some(id) = id else {
         return CursorFact::default();
     };
     match (id, get_more) {
