@@ -191,6 +191,28 @@ pub fn request(data: &[u8]) {
 pub fn reply(data: &[u8]) {
     let dict = dictionary(&[]);
     if let Ok(doc) = RawDocument::from_bytes(data) {
+        // A batch's documents expanded by the layout of the one before
+        // are the bytes the walk of each writes, or the same refusal.
+        for strings in [Strings::Data, Strings::Events, Strings::Writes] {
+            let run = |walked: bool| {
+                let (mut out, mut unknown) = (Vec::new(), expand::Unknown::default());
+                let expand = match walked {
+                    true => expand::raw::expand_walked::<Dictionary>,
+                    false => expand::raw::expand::<Dictionary>,
+                };
+                expand(
+                    data,
+                    &dict,
+                    strings,
+                    &mut unknown,
+                    (&mut out, 0),
+                    &mut |n| n,
+                )
+                .map(|()| (out, unknown))
+                .map_err(|e| format!("{e:?}"))
+            };
+            assert_eq!(run(false), run(true), "{strings:?}");
+        }
         for strings in [
             Strings::Data,
             Strings::Paths,
@@ -298,6 +320,7 @@ fn shard_key_oracle(
 
 #[cfg(test)]
 mod tests {
+    use crate::token::Names;
     use bson::doc;
     use proptest::prelude::*;
 
@@ -315,6 +338,7 @@ mod tests {
                 {"update": 0, "filter": {"first_name": "x"}, "updateMods": {"$set": {"last_name": 3}}, "upsert": true},
                 {"delete": 1i64, "filter": {"amount": {"$gt": 1}}},
             ], "nsInfo": [{"ns": "app.c"}, {"ns": "other.c"}]},
+            batch(),
             doc! {"cursor": {"firstBatch": [
                 {"_id": stored(), "_lk": 1, "x": [stored(), {"_lk": 2}]},
                 {"_lk": stored()},
@@ -323,6 +347,18 @@ mod tests {
         .iter()
         .map(|d| bson::to_vec(d).unwrap())
         .collect()
+    }
+
+    /// A cursor's batch of documents of one layout, stored (their names
+    /// tokens of [`super::dictionary`]).
+    fn batch() -> bson::Document {
+        let dict = super::dictionary(&[]);
+        let t = |n: &str| dict.token(n).unwrap().as_str().to_owned();
+        let item = |i: i32| {
+            doc! {"_id": i, t("first_name"): "x", t("custom"): {t("last_name"): [i, 2]}, "tags": ["a"]}
+        };
+        let items: Vec<_> = (0..4).map(item).collect();
+        doc! {"cursor": {"firstBatch": items, "id": 0i64, "ns": "app.c"}, "ok": 1.0}
     }
 
     /// A shard key's ObjectId as the `replace` strategy stores it.

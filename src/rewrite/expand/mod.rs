@@ -18,6 +18,7 @@ use crate::token::namespace::{
 };
 use crate::token::Names;
 
+mod batch;
 pub mod raw;
 mod text;
 

@@ -5,13 +5,12 @@
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::batch::{self, Batch};
 use super::{Strings, Unknown};
 use crate::rewrite::walker::{
     as_str, descend, elements, string_of, Element, Full, Malformed, Renamed, Slab,
 };
-use crate::token::namespace::{
-    any_part_reserved, starts_token, value_number, ESCAPE, VALUE_SUBTYPE,
-};
+use crate::token::namespace::{any_part_reserved, starts_token, value_number, VALUE_SUBTYPE};
 use crate::token::Names;
 
 /// How much the last replies grew when expanded, in sixteenths of their
@@ -82,8 +81,52 @@ pub fn expand<N: Names + ?Sized>(
     names: &N,
     strings: Strings,
     unknown: &mut Unknown,
+    out: (&mut Vec<u8>, usize),
+    grow: &mut dyn FnMut(usize) -> usize,
+) -> Result<(), Refused> {
+    expand_in(
+        doc,
+        names,
+        strings,
+        unknown,
+        out,
+        grow,
+        &mut Batch::default(),
+    )
+}
+
+/// [`expand`] by the walk alone, document after document, without the
+/// layouts of batches: what those must give, for the tests and the fuzz
+/// targets to compare.
+pub fn expand_walked<N: Names + ?Sized>(
+    doc: &[u8],
+    names: &N,
+    strings: Strings,
+    unknown: &mut Unknown,
+    out: (&mut Vec<u8>, usize),
+    grow: &mut dyn FnMut(usize) -> usize,
+) -> Result<(), Refused> {
+    expand_in(
+        doc,
+        names,
+        strings,
+        unknown,
+        out,
+        grow,
+        &mut Batch::walk_only(),
+    )
+}
+
+/// [`expand`], the layouts of batches in `batch` (learned ones hold for
+/// every try: the dictionary is the same).
+pub(super) fn expand_in<N: Names + ?Sized>(
+    doc: &[u8],
+    names: &N,
+    strings: Strings,
+    unknown: &mut Unknown,
     (out, base): (&mut Vec<u8>, usize),
     grow: &mut dyn FnMut(usize) -> usize,
+    batch: &mut Batch,
 ) -> Result<(), Refused> {
     let (names_known, values_known) = (unknown.names.len(), unknown.values.len());
     let mut tried = 0;
@@ -97,6 +140,7 @@ pub fn expand<N: Names + ?Sized>(
         let ran = Expander {
             names,
             unknown: &mut *unknown,
+            batch: &mut *batch,
         }
         .doc::<false>(
             doc,
@@ -175,10 +219,11 @@ impl From<Full> for Stop {
     }
 }
 
-/// One dictionary, and what it lacked.
+/// One dictionary, what it lacked, and the layout of a batch's documents.
 struct Expander<'a, N: ?Sized> {
     names: &'a N,
     unknown: &'a mut Unknown,
+    batch: &'a mut Batch,
 }
 
 impl<'a, N: Names + ?Sized> Expander<'a, N> {
@@ -244,10 +289,14 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                     }
                     let envelope = envelope
                         && (is_array || matches!(logical, b"writeErrors" | b"writeConcernError"));
-                    let (is_array, buf, depth) =
-                        (e.kind == 0x04, (&mut *out.buf, out.pos), descend(depth)?);
+                    let (item, buf, depth) = (
+                        is_array && e.kind == 0x03,
+                        (&mut *out.buf, out.pos),
+                        descend(depth)?,
+                    );
+                    let is_array = e.kind == 0x04;
                     out.pos = if DATA || (inner == Strings::Data && !envelope) {
-                        self.doc::<true>(e.value, is_array, inner, false, buf, depth)?
+                        self.data(e.value, is_array, item, buf, depth)?
                     } else {
                         self.doc::<false>(e.value, is_array, inner, envelope, buf, depth)?
                     };
@@ -305,6 +354,30 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         Ok(out.pos)
     }
 
+    /// Expands a document or an array of the user's data. A document
+    /// of an array (a batch's) is expanded by the layout of the last one
+    /// where it has it ([`Batch`]); if not, it is walked, and its layout
+    /// may be kept for the next.
+    #[inline(always)]
+    fn data(
+        &mut self,
+        doc: &[u8],
+        is_array: bool,
+        item: bool,
+        (buf, pos): (&mut [u8], usize),
+        depth: usize,
+    ) -> Result<usize, Stop> {
+        if !(item && self.batch.claims(depth)) {
+            return self.doc::<true>(doc, is_array, Strings::Data, false, (buf, pos), depth);
+        }
+        if let Some(end) = self.batch.expand(doc, (&mut *buf, pos))? {
+            return Ok(end);
+        }
+        let end = self.doc::<true>(doc, false, Strings::Data, false, (buf, pos), depth)?;
+        self.batch.learn(doc, depth, self.names);
+        Ok(end)
+    }
+
     /// The logical form of a document's key (`None`: the key as it is),
     /// and how strings under it are read.
     #[inline(always)]
@@ -329,7 +402,7 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                 return Ok((Some(Cow::Borrowed(name.as_bytes())), inner));
             }
         }
-        let plain = first != ESCAPE && !starts_token(first) && !stored.contains(&b'.');
+        let plain = batch::plain(first, stored);
         if plain && strings == Strings::Data {
             // The other common case: a user key stored as it is, in a document.
             return Ok((None, strings));
@@ -376,7 +449,7 @@ fn rename(
 /// the walk of a document in a release build: 4% less time to expand the
 /// benchmark's cursor batch, whose documents each hold an array of strings.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn scalars(array: &[u8]) -> bool {
+pub(super) fn scalars(array: &[u8]) -> bool {
     // A loop, not `all`: the closure's `try_fold` was left a call of its
     // own, apart from the walk.
     for e in elements(array) {

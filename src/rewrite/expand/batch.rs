@@ -1,0 +1,641 @@
+//! The documents of one batch mostly share one layout: the same keys, of
+//! the same types, in the same order, and differ in their values. The
+//! walk of one such document decides, element by element, what its key
+//! becomes and whether its value is gone into or copied; [`Batch`] keeps
+//! those decisions as a list of steps, and a next document whose element
+//! headers are byte for byte the same is expanded by following them: one
+//! comparison per element instead of a search for the key's end, a
+//! dictionary look-up and the tests of the walk.
+//!
+//! What a step does depends only on the header's bytes (the type and the
+//! stored key), the dictionary (one snapshot for the whole reply) and, for
+//! a binary value, its subtype, which is tested again each time; the
+//! output is the very bytes the walk writes. A document that differs
+//! anywhere is expanded by the walk, and its layout may be kept instead.
+//! Only documents the walk expands without a question are kept: no
+//! unknown token, no escaped or dotted key, no value token.
+
+use super::raw::scalars;
+use crate::rewrite::walker::{elements, value_len, Full, Slab, MAX_DEPTH};
+use crate::token::namespace::{starts_token, ESCAPE, VALUE_SUBTYPE};
+use crate::token::Names;
+
+/// Steps kept for one layout, at most: a document of more elements is
+/// walked.
+const MOST_STEPS: usize = 256;
+/// Levels of documents and arrays kept below a batch's document.
+const MOST_LEVELS: usize = 8;
+
+/// What is done with an element whose header matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Its value is copied as it is.
+    Copy,
+    /// A binary value, copied as it is unless its subtype is a value
+    /// token's.
+    Binary,
+    /// An array of values the expansion leaves as they are (tested again,
+    /// as the walk tests it), copied as it is.
+    Scalars,
+    /// A document or an array gone into: the steps of its elements follow,
+    /// up to their [`Step::End`].
+    Into,
+    /// The end of a document's steps.
+    End,
+}
+
+/// One element of the layout.
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    step: Step,
+    /// The stored header (type byte, key, NUL): where it is in
+    /// [`Batch::bytes`], and how long it is.
+    stored: (u32, u32),
+    /// Its first eight bytes, for a header no longer than that: compared
+    /// as one word, under `mask`.
+    word: u64,
+    mask: u64,
+    /// The header it becomes, in [`Batch::bytes`]; `None`: the same.
+    logical: Option<(u32, u32)>,
+}
+
+/// The layout of the last document learned from one batch (the documents
+/// of one array, at one depth), and how often it served.
+#[derive(Default)]
+pub(super) struct Batch {
+    ops: Vec<Op>,
+    bytes: Vec<u8>,
+    /// The depth of the documents it is for: the first array of
+    /// documents met in the reply's data claims it.
+    depth: Option<usize>,
+    hits: usize,
+    misses: usize,
+    learned: usize,
+}
+
+impl Batch {
+    /// A batch whose documents are all walked: nothing is learned.
+    pub fn walk_only() -> Batch {
+        Batch {
+            learned: usize::MAX,
+            ..Batch::default()
+        }
+    }
+
+    /// Whether documents of arrays at `depth` are a batch's: the first
+    /// array of documents met in the data claims it (before its first
+    /// document is walked, which may hold arrays of documents deeper).
+    #[inline(always)]
+    pub fn claims(&mut self, depth: usize) -> bool {
+        *self.depth.get_or_insert(depth) == depth
+    }
+
+    /// Expands `doc`, a document of the batch, into `out` if it
+    /// has the layout learned last: where the output ends. `None`: it does
+    /// not (or nothing is learned), and the bytes written are to be
+    /// written over.
+    #[inline]
+    pub fn expand(
+        &mut self,
+        doc: &[u8],
+        (buf, pos): (&mut [u8], usize),
+    ) -> Result<Option<usize>, Full> {
+        // A batch of many layouts stops being tried.
+        if self.ops.is_empty() || self.misses > self.hits + 4 {
+            return Ok(None);
+        }
+        let mut out = Slab { buf, pos };
+        let mut at = 0;
+        if self.doc(doc, &mut at, &mut out)? {
+            self.hits += 1;
+            Ok(Some(out.pos))
+        } else {
+            self.misses += 1;
+            Ok(None)
+        }
+    }
+
+    /// Keeps the layout of `doc`, a document of the batch at `depth` that
+    /// the walk just expanded, if it has one worth keeping. A batch of many
+    /// layouts is learned from a few times, then no more: a walk to learn
+    /// costs about half an expansion.
+    pub fn learn<N: Names + ?Sized>(&mut self, doc: &[u8], depth: usize, names: &N) {
+        if self.learned >= 2 + self.hits / 4 {
+            return;
+        }
+        self.learned += 1;
+        self.ops.clear();
+        self.bytes.clear();
+        if depth + MOST_LEVELS >= MAX_DEPTH || self.steps(doc, false, names, 0).is_none() {
+            self.ops.clear();
+        }
+    }
+
+    /// Writes the steps of `doc`'s elements, then its [`Step::End`].
+    /// `None`: the walk of it asks a question a step cannot answer alone.
+    fn steps<N: Names + ?Sized>(
+        &mut self,
+        doc: &[u8],
+        is_array: bool,
+        names: &N,
+        level: usize,
+    ) -> Option<()> {
+        if doc.len() < 5 {
+            return None;
+        }
+        for e in elements(doc) {
+            let e = e.ok()?;
+            let logical = match is_array {
+                true => None,
+                false => data_key(e.key, names)?,
+            };
+            let step = match e.kind {
+                // As the walk decides: an array of plain values is copied.
+                0x04 if scalars(e.value) => Step::Scalars,
+                0x03 | 0x04 => Step::Into,
+                0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => return None,
+                0x05 => Step::Binary,
+                _ => Step::Copy,
+            };
+            let stored = doc.get(e.at..e.value_at())?;
+            let logical = logical.map(|name| self.keep(&[&[e.kind], name.as_bytes(), &[0]]));
+            self.push(step, stored, logical);
+            if step == Step::Into {
+                if level + 1 >= MOST_LEVELS {
+                    return None;
+                }
+                self.steps(e.value, e.kind == 0x04, names, level + 1)?;
+            }
+            if self.ops.len() > MOST_STEPS {
+                return None;
+            }
+        }
+        self.push(Step::End, &[], None);
+        Some(())
+    }
+
+    fn keep(&mut self, parts: &[&[u8]]) -> (u32, u32) {
+        let at = self.bytes.len();
+        for p in parts {
+            self.bytes.extend_from_slice(p);
+        }
+        (at as u32, (self.bytes.len() - at) as u32)
+    }
+
+    fn push(&mut self, step: Step, stored: &[u8], logical: Option<(u32, u32)>) {
+        let mut first = [0u8; 8];
+        let n = stored.len().min(8);
+        first[..n].copy_from_slice(&stored[..n]);
+        let mask = match stored.len() {
+            8.. => u64::MAX,
+            n => (1u64 << (8 * n)) - 1,
+        };
+        let stored = self.keep(&[stored]);
+        self.ops.push(Op {
+            step,
+            stored,
+            word: u64::from_le_bytes(first),
+            mask,
+            logical,
+        });
+    }
+
+    fn bytes(&self, (at, len): (u32, u32)) -> &[u8] {
+        &self.bytes[at as usize..(at + len) as usize]
+    }
+
+    /// Follows the steps from `ops[*at]` through `doc`, writing what the
+    /// walk would; `false` where `doc` parts from them.
+    fn doc(&self, doc: &[u8], at: &mut usize, out: &mut Slab<'_>) -> Result<bool, Full> {
+        if doc.len() < 5 {
+            return Ok(false);
+        }
+        let end = doc.len() - 1;
+        let start = out.begin()?;
+        // `doc[..copied]` is in `out` already, as in the walk.
+        let (mut copied, mut el) = (4, 4);
+        loop {
+            let Some(op) = self.ops.get(*at) else {
+                return Ok(false);
+            };
+            *at += 1;
+            if op.step == Step::End {
+                break;
+            }
+            let n = op.stored.1 as usize;
+            // The header, and its NUL, before the document's own NUL.
+            if el + n > end || !self.same(op, doc, el) {
+                return Ok(false);
+            }
+            let value_at = el + n;
+            let Ok(len) = value_len(doc[el], &doc[value_at..end]) else {
+                return Ok(false);
+            };
+            let value = &doc[value_at..value_at + len];
+            match op.step {
+                Step::Binary if value.get(4) == Some(&VALUE_SUBTYPE) => return Ok(false),
+                Step::Scalars if !scalars(value) => return Ok(false),
+                Step::Into => {
+                    match op.logical {
+                        None => out.put(&doc[copied..value_at])?,
+                        Some(l) => self.rename(l, &doc[copied..el], out)?,
+                    }
+                    if !self.doc(value, at, out)? {
+                        return Ok(false);
+                    }
+                    copied = value_at + len;
+                }
+                // Copied as it is, under its name.
+                _ => {
+                    if let Some(l) = op.logical {
+                        self.rename(l, &doc[copied..el], out)?;
+                        copied = value_at;
+                    }
+                }
+            }
+            el = value_at + len;
+        }
+        // No element past the layout's.
+        if el != end {
+            return Ok(false);
+        }
+        out.put(&doc[copied..end])?;
+        out.finish(start)?;
+        Ok(true)
+    }
+
+    /// A run of bytes, then the header an element becomes (`logical`).
+    #[inline(always)]
+    fn rename(&self, logical: (u32, u32), run: &[u8], out: &mut Slab<'_>) -> Result<(), Full> {
+        out.put(run)?;
+        out.put(self.bytes(logical))
+    }
+
+    /// Whether the header of `op` is at `doc[at..]`, which holds it.
+    #[inline(always)]
+    fn same(&self, op: &Op, doc: &[u8], at: usize) -> bool {
+        match doc.get(at..at + 8) {
+            Some(w) if op.stored.1 <= 8 => {
+                let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
+                (w ^ op.word) & op.mask == 0
+            }
+            _ => doc[at..at + op.stored.1 as usize] == *self.bytes(op.stored),
+        }
+    }
+}
+
+/// What a key of a user's document becomes, where the walk needs no
+/// more than its bytes to say: a known token its name (`Some(Some)`), a
+/// plain key itself (`Some(None)`). `None`: an unknown token, an escaped
+/// or a dotted key, which the walk reads further.
+#[inline(always)]
+pub(super) fn data_key<'n, N: Names + ?Sized>(
+    stored: &[u8],
+    names: &'n N,
+) -> Option<Option<&'n str>> {
+    let first = stored.first().copied().unwrap_or(0);
+    if starts_token(first) {
+        return names.name(stored).map(Some);
+    }
+    plain(first, stored).then_some(None)
+}
+
+/// A key that is neither a token nor escaped, and holds no dot.
+#[inline(always)]
+pub(super) fn plain(first: u8, stored: &[u8]) -> bool {
+    first != ESCAPE && !starts_token(first) && !stored.contains(&b'.')
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::spec::BinarySubtype;
+    use bson::{doc, Binary, Bson, Document, RawDocumentBuf};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rewrite::expand::raw::{expand_in, expand_walked};
+    use crate::rewrite::expand::{Strings, Unknown};
+    use crate::token::namespace::value_bytes;
+    use crate::token::Dictionary;
+
+    /// Forty names and two values.
+    fn dictionary() -> Dictionary {
+        let mut dict = Dictionary::default();
+        dict.add_names(&(0..40).map(|i| format!("field{i}")).collect::<Vec<_>>());
+        dict.add_values(&["gold".to_owned(), "silver".to_owned()]);
+        dict
+    }
+
+    fn token(dict: &Dictionary, i: usize) -> String {
+        dict.token(&format!("field{i}"))
+            .unwrap()
+            .as_str()
+            .to_owned()
+    }
+
+    /// A token the dictionary does not know.
+    fn unknown_token(dict: &Dictionary) -> String {
+        (0x01u8..=0x1E)
+            .flat_map(|a| (0x21u8..=0x7E).map(move |b| [a, b]))
+            .find(|t| crate::token::namespace::token_len(t) == Some(2) && dict.name(t).is_none())
+            .map(|t| String::from_utf8(t.to_vec()).unwrap())
+            .unwrap()
+    }
+
+    fn value_token(n: u32) -> Bson {
+        let (bytes, len) = value_bytes(n);
+        Bson::Binary(Binary {
+            subtype: BinarySubtype::UserDefined(VALUE_SUBTYPE),
+            bytes: bytes[..len].to_vec(),
+        })
+    }
+
+    fn reply(docs: Vec<Document>) -> Vec<u8> {
+        let reply = doc! {"cursor": {"firstBatch": docs, "id": 0i64, "ns": "d.c"}, "ok": 1.0};
+        RawDocumentBuf::from_document(&reply).unwrap().into_bytes()
+    }
+
+    /// An expansion's bytes, or the tokens it did not know.
+    type Expanded = Result<Vec<u8>, Unknown>;
+
+    /// The expansion of `raw` with the layouts of its batches, the walk's,
+    /// and how many documents a layout served.
+    fn both(raw: &[u8], dict: &Dictionary) -> (Expanded, Expanded, usize) {
+        let run = |walked: bool, batch: &mut Batch| {
+            let (mut out, mut unknown) = (Vec::new(), Unknown::default());
+            let ran = match walked {
+                true => expand_walked(
+                    raw,
+                    dict,
+                    Strings::Data,
+                    &mut unknown,
+                    (&mut out, 0),
+                    &mut |n| n,
+                ),
+                false => expand_in(
+                    raw,
+                    dict,
+                    Strings::Data,
+                    &mut unknown,
+                    (&mut out, 0),
+                    &mut |n| n,
+                    batch,
+                ),
+            };
+            match (ran, unknown.is_empty()) {
+                (Ok(()), true) => Ok(out),
+                (Ok(()), false) => Err(unknown),
+                (Err(e), _) => panic!("refused: {e:?}"),
+            }
+        };
+        let mut batch = Batch::default();
+        let by_layout = run(false, &mut batch);
+        (by_layout, run(true, &mut Batch::default()), batch.hits)
+    }
+
+    /// A document of the batch below, stored and as the driver reads it.
+    fn user(dict: &Dictionary, i: i32) -> (Document, Document) {
+        let t = |n| token(dict, n);
+        let stored = doc! {
+            "_id": i,
+            t(1): format!("user-{i}"),
+            t(2): {t(3): i * 2, "plain": [1, 2, 3], t(4): [{t(5): i}, {t(5): "x"}]},
+            "tags": ["a", "b"],
+            t(6): Binary { subtype: BinarySubtype::Generic, bytes: vec![1, 2] },
+            t(7): value_token(1),
+        };
+        let logical = doc! {
+            "_id": i,
+            "field1": format!("user-{i}"),
+            "field2": {"field3": i * 2, "plain": [1, 2, 3], "field4": [{"field5": i}, {"field5": "x"}]},
+            "tags": ["a", "b"],
+            "field6": Binary { subtype: BinarySubtype::Generic, bytes: vec![1, 2] },
+            "field7": "silver",
+        };
+        (stored, logical)
+    }
+
+    /// A batch of one layout, but a value token at one place: each of its
+    /// documents walked once, its layout not kept (a value token is not).
+    #[test]
+    fn a_layout_with_a_value_token_is_not_kept() {
+        let dict = dictionary();
+        let (stored, logical): (Vec<_>, Vec<_>) = (0..20).map(|i| user(&dict, i)).unzip();
+        let (by_layout, walked, hits) = both(&reply(stored), &dict);
+        assert_eq!(by_layout.as_ref().unwrap(), walked.as_ref().unwrap());
+        assert_eq!(by_layout.unwrap(), reply(logical));
+        assert_eq!(hits, 0);
+    }
+
+    /// Documents of one layout are expanded by it, as the walk expands
+    /// them; a document that parts from it anywhere is walked, and the
+    /// documents after it are expanded by its layout or the one before.
+    #[test]
+    fn a_batch_is_expanded_by_its_layout_as_by_the_walk() {
+        let dict = dictionary();
+        let t = |n| token(&dict, n);
+        let pair = |i: i32| {
+            let (mut s, mut l) = user(&dict, i);
+            s.remove(t(7));
+            l.remove("field7");
+            (s, l)
+        };
+        let alike: (Vec<_>, Vec<_>) = (0..20).map(pair).unzip();
+        let (by_layout, walked, hits) = both(&reply(alike.0.clone()), &dict);
+        assert_eq!(by_layout.as_ref().unwrap(), walked.as_ref().unwrap());
+        assert_eq!(by_layout.unwrap(), reply(alike.1.clone()));
+        // The first is walked; the nested array of documents is not a
+        // batch of its own (the depth is the first batch's).
+        assert_eq!(hits, 19);
+
+        // Each way of parting from the layout, in the middle of the batch.
+        let unknown = unknown_token(&dict);
+        type Edit<'a> = Box<dyn Fn(&mut Document, &mut Document) + 'a>;
+        let edits: Vec<(&str, Edit<'_>)> = vec![
+            (
+                "another type",
+                Box::new(|s, l| {
+                    s.insert(t(1), 5i64);
+                    l.insert("field1", 5i64);
+                }),
+            ),
+            (
+                "an element more",
+                Box::new(|s, l| {
+                    s.insert(t(9), 1);
+                    l.insert("field9", 1);
+                }),
+            ),
+            (
+                "an element fewer",
+                Box::new(|s, l| {
+                    s.remove("tags");
+                    l.remove("tags");
+                }),
+            ),
+            (
+                "a value token",
+                Box::new(|s, l| {
+                    s.insert(t(6), value_token(0));
+                    l.insert("field6", "gold");
+                }),
+            ),
+            (
+                "a document in a plain array",
+                Box::new(|s, l| {
+                    s.insert("tags", bson::bson!(["a", {t(8): 1}]));
+                    l.insert("tags", bson::bson!(["a", {"field8": 1}]));
+                }),
+            ),
+            (
+                "a longer plain array",
+                Box::new(|s, l| {
+                    s.insert("tags", bson::bson!(["a", "b", "c"]));
+                    l.insert("tags", bson::bson!(["a", "b", "c"]));
+                }),
+            ),
+            (
+                "another key below",
+                Box::new(|s, l| {
+                    s.insert(
+                        t(2),
+                        doc! {t(3): 1, "plain": [1, 2, 3], t(4): [{t(11): 1}, {t(5): "x"}]},
+                    );
+                    l.insert("field2", doc! {"field3": 1, "plain": [1, 2, 3], "field4": [{"field11": 1}, {"field5": "x"}]});
+                }),
+            ),
+            (
+                "an escaped key",
+                Box::new(|s, l| {
+                    s.insert("\u{1f}\u{1}", 1);
+                    l.insert("\u{1}", 1);
+                }),
+            ),
+            (
+                "a dotted key",
+                Box::new(|s, l| {
+                    s.insert("a.b", 1);
+                    l.insert("a.b", 1);
+                }),
+            ),
+        ];
+        for (what, edit) in &edits {
+            let (mut stored, mut logical) = alike.clone();
+            edit(&mut stored[7], &mut logical[7]);
+            let (by_layout, walked, hits) = both(&reply(stored), &dict);
+            assert_eq!(
+                by_layout.as_ref().unwrap(),
+                walked.as_ref().unwrap(),
+                "{what}"
+            );
+            assert_eq!(by_layout.unwrap(), reply(logical), "{what}");
+            assert!(hits >= 17, "{what}: {hits}");
+        }
+        // A key the dictionary lacks is reported, not expanded.
+        let (mut stored, _) = alike.clone();
+        stored[7].insert(&unknown, 1);
+        let (by_layout, walked, _) = both(&reply(stored), &dict);
+        assert_eq!(by_layout.unwrap_err(), walked.unwrap_err());
+    }
+
+    /// A batch of many layouts is learned from a few times, then only
+    /// walked: no layout is tried on every document.
+    #[test]
+    fn a_batch_of_many_layouts_stops_being_learned() {
+        let dict = dictionary();
+        let docs: Vec<Document> = (0..40).map(|i| doc! {token(&dict, i): i as i32}).collect();
+        let mut batch = Batch::default();
+        let raw = reply(docs);
+        let (mut out, mut unknown) = (Vec::new(), Unknown::default());
+        expand_in(
+            &raw,
+            &dict,
+            Strings::Data,
+            &mut unknown,
+            (&mut out, 0),
+            &mut |n| n,
+            &mut batch,
+        )
+        .unwrap();
+        assert_eq!((batch.hits, batch.learned), (0, 2));
+        assert!(batch.misses <= 5, "{}", batch.misses);
+    }
+
+    fn leaf() -> impl Strategy<Value = Bson> {
+        prop_oneof![
+            any::<i32>().prop_map(Bson::Int32),
+            any::<i64>().prop_map(Bson::Int64),
+            "[a-z]{0,9}".prop_map(Bson::String),
+            Just(Bson::Null),
+            any::<bool>().prop_map(Bson::Boolean),
+            (0u32..4).prop_map(value_token),
+            proptest::collection::vec(any::<u8>(), 0..4).prop_map(|bytes| Bson::Binary(Binary {
+                subtype: BinarySubtype::Generic,
+                bytes
+            })),
+        ]
+    }
+
+    /// Keys of every kind: known tokens, plain, dotted, escaped, unknown.
+    fn key(dict: &Dictionary) -> proptest::sample::Select<String> {
+        let mut keys: Vec<String> = (0..6).map(|i| token(dict, i)).collect();
+        keys.extend(["plain", "a.b", "", "\u{1f}\u{1}x"].map(String::from));
+        keys.push(unknown_token(dict));
+        proptest::sample::select(keys)
+    }
+
+    fn value(dict: &Dictionary) -> impl Strategy<Value = Bson> {
+        let key = key(dict);
+        leaf().prop_recursive(3, 24, 4, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Bson::Array),
+                proptest::collection::vec((key.clone(), inner), 0..4)
+                    .prop_map(|kv| Bson::Document(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// The same layout, other values: numbers and strings changed by
+    /// `salt`, and one in five of its 32-bit numbers made 64-bit.
+    fn vary(b: &Bson, salt: u32) -> Bson {
+        match b {
+            Bson::Int32(v) if salt.is_multiple_of(5) => Bson::Int64(i64::from(*v)),
+            Bson::Int32(v) => Bson::Int32(v ^ salt as i32),
+            Bson::String(_) => Bson::String("y".repeat(salt as usize % 7)),
+            Bson::Document(d) => {
+                Bson::Document(d.iter().map(|(k, v)| (k.clone(), vary(v, salt))).collect())
+            }
+            Bson::Array(a) => Bson::Array(a.iter().map(|v| vary(v, salt)).collect()),
+            other => other.clone(),
+        }
+    }
+
+    proptest! {
+        /// Any batch of documents of a few layouts, with other values and
+        /// some of their numbers of another type: the same bytes as the
+        /// walk's, or the same tokens reported unknown.
+        #[test]
+        fn any_batch_is_expanded_as_the_walk_expands_it(
+            pool in proptest::collection::vec(
+                proptest::collection::vec((key(&dictionary()), value(&dictionary())), 0..6),
+                1..4,
+            ),
+            picks in proptest::collection::vec((0usize..4, any::<u32>()), 0..16),
+        ) {
+            let dict = dictionary();
+            let pool: Vec<Bson> = pool
+                .into_iter()
+                .map(|kv| Bson::Document(kv.into_iter().collect()))
+                .collect();
+            let docs: Vec<Document> = picks
+                .iter()
+                .filter_map(|(i, salt)| match vary(&pool[i % pool.len()], *salt) {
+                    Bson::Document(d) => Some(d),
+                    _ => None,
+                })
+                .collect();
+            let (by_layout, walked, _) = both(&reply(docs), &dict);
+            prop_assert_eq!(by_layout, walked);
+        }
+    }
+}
