@@ -13,11 +13,11 @@
 //! output is the very bytes the walk writes. A document that differs
 //! anywhere is expanded by the walk, and its layout may be kept instead.
 //! Only documents the walk expands without a question are kept: no
-//! unknown token, no escaped or dotted key, no value token.
+//! unknown token (of a name or a value), no escaped or dotted key.
 
 use super::raw::scalars;
 use crate::rewrite::walker::{elements, value_len, Full, Slab, MAX_DEPTH};
-use crate::token::namespace::{starts_token, ESCAPE, VALUE_SUBTYPE};
+use crate::token::namespace::{starts_token, value_number, ESCAPE, VALUE_SUBTYPE};
 use crate::token::Names;
 
 /// Steps kept for one layout, at most: a document of more elements is
@@ -34,6 +34,9 @@ enum Step {
     /// A binary value, copied as it is unless its subtype is a value
     /// token's.
     Binary,
+    /// A value token, written as the string it stands for (under the
+    /// header of a string, its `logical`) if the dictionary knows it.
+    Value,
     /// An array of values the expansion leaves as they are (tested again,
     /// as the walk tests it), copied as it is.
     Scalars,
@@ -95,9 +98,10 @@ impl Batch {
     /// not (or nothing is learned), and the bytes written are to be
     /// written over.
     #[inline]
-    pub fn expand(
+    pub fn expand<N: Names + ?Sized>(
         &mut self,
         doc: &[u8],
+        names: &N,
         (buf, pos): (&mut [u8], usize),
     ) -> Result<Option<usize>, Full> {
         // A batch of many layouts stops being tried.
@@ -106,7 +110,7 @@ impl Batch {
         }
         let mut out = Slab { buf, pos };
         let mut at = 0;
-        if self.doc(doc, &mut at, &mut out)? {
+        if self.doc(doc, names, &mut at, &mut out)? {
             self.hits += 1;
             Ok(Some(out.pos))
         } else {
@@ -153,12 +157,18 @@ impl Batch {
                 // As the walk decides: an array of plain values is copied.
                 0x04 if scalars(e.value) => Step::Scalars,
                 0x03 | 0x04 => Step::Into,
-                0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => return None,
+                0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => Step::Value,
                 0x05 => Step::Binary,
                 _ => Step::Copy,
             };
             let stored = doc.get(e.at..e.value_at())?;
-            let logical = logical.map(|name| self.keep(&[&[e.kind], name.as_bytes(), &[0]]));
+            let logical = match (step, logical) {
+                (Step::Value, name) => {
+                    let key = name.map_or(e.key, str::as_bytes);
+                    Some(self.keep(&[&[0x02], key, &[0]]))
+                }
+                (_, name) => name.map(|name| self.keep(&[&[e.kind], name.as_bytes(), &[0]])),
+            };
             self.push(step, stored, logical);
             if step == Step::Into {
                 if level + 1 >= MOST_LEVELS {
@@ -206,7 +216,13 @@ impl Batch {
 
     /// Follows the steps from `ops[*at]` through `doc`, writing what the
     /// walk would; `false` where `doc` parts from them.
-    fn doc(&self, doc: &[u8], at: &mut usize, out: &mut Slab<'_>) -> Result<bool, Full> {
+    fn doc<N: Names + ?Sized>(
+        &self,
+        doc: &[u8],
+        names: &N,
+        at: &mut usize,
+        out: &mut Slab<'_>,
+    ) -> Result<bool, Full> {
         if doc.len() < 5 {
             return Ok(false);
         }
@@ -235,12 +251,27 @@ impl Batch {
             match op.step {
                 Step::Binary if value.get(4) == Some(&VALUE_SUBTYPE) => return Ok(false),
                 Step::Scalars if !scalars(value) => return Ok(false),
+                Step::Value => {
+                    let token = match value.get(4) {
+                        Some(&VALUE_SUBTYPE) => value.get(5..).and_then(value_number),
+                        _ => None,
+                    };
+                    let Some(v) = token.and_then(|n| names.value(n)) else {
+                        return Ok(false);
+                    };
+                    let Some(l) = op.logical else {
+                        return Ok(false);
+                    };
+                    self.rename(l, &doc[copied..el], out)?;
+                    out.string_value(v)?;
+                    copied = value_at + len;
+                }
                 Step::Into => {
                     match op.logical {
                         None => out.put(&doc[copied..value_at])?,
                         Some(l) => self.rename(l, &doc[copied..el], out)?,
                     }
-                    if !self.doc(value, at, out)? {
+                    if !self.doc(value, names, at, out)? {
                         return Ok(false);
                     }
                     copied = value_at + len;
@@ -415,16 +446,33 @@ mod tests {
         (stored, logical)
     }
 
-    /// A batch of one layout, but a value token at one place: each of its
-    /// documents walked once, its layout not kept (a value token is not).
+    /// Value tokens, each known to the dictionary, are written as their
+    /// strings by the layout; one it does not know is reported by the walk.
     #[test]
-    fn a_layout_with_a_value_token_is_not_kept() {
+    fn a_layout_writes_value_tokens_as_their_strings() {
         let dict = dictionary();
         let (stored, logical): (Vec<_>, Vec<_>) = (0..20).map(|i| user(&dict, i)).unzip();
-        let (by_layout, walked, hits) = both(&reply(stored), &dict);
+        let (by_layout, walked, hits) = both(&reply(stored.clone()), &dict);
+        assert_eq!(by_layout.as_ref().unwrap(), walked.as_ref().unwrap());
+        assert_eq!(by_layout.unwrap(), reply(logical.clone()));
+        assert_eq!(hits, 19);
+        // In an array (where the key is the index), and another value.
+        let t = token(&dict, 7);
+        let (mut stored, mut logical) = (stored, logical);
+        for (i, (s, l)) in stored.iter_mut().zip(&mut logical).enumerate() {
+            let n = (i % 2) as u32;
+            s.insert(&t, vec![value_token(n), Bson::Int32(1)]);
+            let v = ["gold", "silver"][n as usize];
+            l.insert("field7", bson::bson!([v, 1]));
+        }
+        let (by_layout, walked, hits) = both(&reply(stored.clone()), &dict);
         assert_eq!(by_layout.as_ref().unwrap(), walked.as_ref().unwrap());
         assert_eq!(by_layout.unwrap(), reply(logical));
-        assert_eq!(hits, 0);
+        assert_eq!(hits, 19);
+        // A value the dictionary lacks, in the middle of the batch.
+        stored[7].insert(&t, vec![value_token(3), Bson::Int32(1)]);
+        let (by_layout, walked, _) = both(&reply(stored), &dict);
+        assert_eq!(by_layout.unwrap_err(), walked.unwrap_err());
     }
 
     /// Documents of one layout are expanded by it, as the walk expands
@@ -559,6 +607,45 @@ mod tests {
         .unwrap();
         assert_eq!((batch.hits, batch.learned), (0, 2));
         assert!(batch.misses <= 5, "{}", batch.misses);
+    }
+
+    /// A reply of one document (a `find_one`'s) walks it and learns
+    /// nothing: no other document would follow the layout.
+    #[test]
+    fn a_reply_of_one_document_learns_nothing() {
+        let dict = dictionary();
+        let (stored, logical) = user(&dict, 1);
+        let mut batch = Batch::default();
+        let (mut out, mut unknown) = (Vec::new(), Unknown::default());
+        let raw = reply(vec![stored.clone()]);
+        expand_in(
+            &raw,
+            &dict,
+            Strings::Data,
+            &mut unknown,
+            (&mut out, 0),
+            &mut |n| n,
+            &mut batch,
+        )
+        .unwrap();
+        assert_eq!(out, reply(vec![logical]));
+        assert_eq!((batch.learned, batch.ops.len()), (0, 0));
+        // Two documents: the first is learned from, the second follows it.
+        let mut stored = stored;
+        stored.remove(token(&dict, 7));
+        let raw = reply(vec![stored.clone(), stored]);
+        let mut batch = Batch::default();
+        expand_in(
+            &raw,
+            &dict,
+            Strings::Data,
+            &mut unknown,
+            (&mut Vec::new(), 0),
+            &mut |n| n,
+            &mut batch,
+        )
+        .unwrap();
+        assert_eq!((batch.learned, batch.hits), (1, 1));
     }
 
     fn leaf() -> impl Strategy<Value = Bson> {

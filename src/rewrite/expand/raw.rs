@@ -289,11 +289,9 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                     }
                     let envelope = envelope
                         && (is_array || matches!(logical, b"writeErrors" | b"writeConcernError"));
-                    let (item, buf, depth) = (
-                        is_array && e.kind == 0x03,
-                        (&mut *out.buf, out.pos),
-                        descend(depth)?,
-                    );
+                    // A document of an array, and whether one follows it.
+                    let item = (is_array && e.kind == 0x03).then(|| e.end() + 1 < doc.len());
+                    let (buf, depth) = ((&mut *out.buf, out.pos), descend(depth)?);
                     let is_array = e.kind == 0x04;
                     out.pos = if DATA || (inner == Strings::Data && !envelope) {
                         self.data(e.value, is_array, item, buf, depth)?
@@ -355,26 +353,29 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
     }
 
     /// Expands a document or an array of the user's data. A document
-    /// of an array (a batch's) is expanded by the layout of the last one
-    /// where it has it ([`Batch`]); if not, it is walked, and its layout
-    /// may be kept for the next.
+    /// of an array (a batch's: `item`, `Some` of whether another follows
+    /// it) is expanded by the layout of the last one where it has it
+    /// ([`Batch`]); if not, it is walked, and its layout may be kept for
+    /// the next (if there is one: a reply of one document learns nothing).
     #[inline(always)]
     fn data(
         &mut self,
         doc: &[u8],
         is_array: bool,
-        item: bool,
+        item: Option<bool>,
         (buf, pos): (&mut [u8], usize),
         depth: usize,
     ) -> Result<usize, Stop> {
-        if !(item && self.batch.claims(depth)) {
+        let Some(more) = item.filter(|_| self.batch.claims(depth)) else {
             return self.doc::<true>(doc, is_array, Strings::Data, false, (buf, pos), depth);
-        }
-        if let Some(end) = self.batch.expand(doc, (&mut *buf, pos))? {
+        };
+        if let Some(end) = self.batch.expand(doc, self.names, (&mut *buf, pos))? {
             return Ok(end);
         }
         let end = self.doc::<true>(doc, false, Strings::Data, false, (buf, pos), depth)?;
-        self.batch.learn(doc, depth, self.names);
+        if more {
+            self.batch.learn(doc, depth, self.names);
+        }
         Ok(end)
     }
 
