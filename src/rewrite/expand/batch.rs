@@ -68,8 +68,8 @@ struct Op {
 pub(super) struct Batch {
     ops: Vec<Op>,
     bytes: Vec<u8>,
-    /// The depth of the documents it is for: the first array of
-    /// documents met in the reply's data claims it.
+    /// The depth of the documents it is for: a cursor's batch's, the
+    /// first met in the reply ([`Batch::claim`]).
     depth: Option<usize>,
     hits: usize,
     misses: usize,
@@ -85,12 +85,19 @@ impl Batch {
         }
     }
 
-    /// Whether documents of arrays at `depth` are a batch's: the first
-    /// array of documents met in the data claims it (before its first
-    /// document is walked, which may hold arrays of documents deeper).
+    /// Takes the documents at `depth` for the batch's, unless another
+    /// depth was taken first: the expansion of a reply calls it for the
+    /// array of a cursor's batch (`firstBatch`, `nextBatch`). Only those
+    /// are learned from: the arrays of documents within a user's document
+    /// are mostly short, and learning costs a walk.
+    pub fn claim(&mut self, depth: usize) {
+        self.depth.get_or_insert(depth);
+    }
+
+    /// Whether documents of arrays at `depth` are the batch's.
     #[inline(always)]
-    pub fn claims(&mut self, depth: usize) -> bool {
-        *self.depth.get_or_insert(depth) == depth
+    pub fn claims(&self, depth: usize) -> bool {
+        self.depth == Some(depth)
     }
 
     /// Expands `doc`, a document of the batch, into `out` if it
@@ -382,8 +389,11 @@ mod tests {
     }
 
     fn reply(docs: Vec<Document>) -> Vec<u8> {
-        let reply = doc! {"cursor": {"firstBatch": docs, "id": 0i64, "ns": "d.c"}, "ok": 1.0};
-        RawDocumentBuf::from_document(&reply).unwrap().into_bytes()
+        bytes(doc! {"cursor": {"firstBatch": docs, "id": 0i64, "ns": "d.c"}, "ok": 1.0})
+    }
+
+    fn bytes(doc: Document) -> Vec<u8> {
+        RawDocumentBuf::from_document(&doc).unwrap().into_bytes()
     }
 
     /// An expansion's bytes, or the tokens it did not know.
@@ -610,7 +620,8 @@ mod tests {
     }
 
     /// A reply of one document (a `find_one`'s) walks it and learns
-    /// nothing: no other document would follow the layout.
+    /// nothing: no other document would follow the layout. Nor does an
+    /// array of documents that is not a cursor's batch.
     #[test]
     fn a_reply_of_one_document_learns_nothing() {
         let dict = dictionary();
@@ -646,6 +657,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!((batch.learned, batch.hits), (1, 1));
+        // Documents in an array of a document (a `findAndModify`'s value)
+        // are no cursor's batch: nothing is learned.
+        let items: Vec<_> = (0..3).map(|i| user(&dict, i).0).collect();
+        let raw = bytes(doc! {"value": {"items": items}, "ok": 1.0});
+        let mut batch = Batch::default();
+        expand_in(
+            &raw,
+            &dict,
+            Strings::Data,
+            &mut unknown,
+            (&mut Vec::new(), 0),
+            &mut |n| n,
+            &mut batch,
+        )
+        .unwrap();
+        assert_eq!((batch.learned, batch.hits), (0, 0));
     }
 
     fn leaf() -> impl Strategy<Value = Bson> {

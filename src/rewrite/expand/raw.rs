@@ -293,6 +293,9 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
                     let item = (is_array && e.kind == 0x03).then(|| e.end() + 1 < doc.len());
                     let (buf, depth) = ((&mut *out.buf, out.pos), descend(depth)?);
                     let is_array = e.kind == 0x04;
+                    if is_array && matches!(logical, b"firstBatch" | b"nextBatch") {
+                        self.batch.claim(depth + 1);
+                    }
                     out.pos = if DATA || (inner == Strings::Data && !envelope) {
                         self.data(e.value, is_array, item, buf, depth)?
                     } else {
