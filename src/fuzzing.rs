@@ -9,6 +9,7 @@ use bson::{RawDocument, RawDocumentBuf};
 
 use crate::rewrite::catalogue::Slot;
 use crate::rewrite::catalogue::CATALOGUE;
+use crate::rewrite::expand::batch::Batch;
 use crate::rewrite::expand::{self, Strings};
 use crate::rewrite::mapper::splice::{GiveUp, Owned};
 use crate::rewrite::mapper::{self, Lookup};
@@ -194,24 +195,23 @@ pub fn reply(data: &[u8]) {
         // A batch's documents expanded by the layout of the one before
         // are the bytes the walk of each writes, or the same refusal.
         for strings in [Strings::Data, Strings::Events, Strings::Writes] {
-            let run = |walked: bool| {
+            let run = |mut batch: Batch| {
                 let (mut out, mut unknown) = (Vec::new(), expand::Unknown::default());
-                let expand = match walked {
-                    true => expand::raw::expand_walked::<Dictionary>,
-                    false => expand::raw::expand::<Dictionary>,
-                };
-                expand(
+                let grow = &mut |n| n;
+                expand::raw::expand_in(
                     data,
                     &dict,
                     strings,
                     &mut unknown,
                     (&mut out, 0),
-                    &mut |n| n,
+                    grow,
+                    &mut batch,
                 )
                 .map(|()| (out, unknown))
                 .map_err(|e| format!("{e:?}"))
             };
-            assert_eq!(run(false), run(true), "{strings:?}");
+            let walked = run(Batch::walk_only());
+            assert_eq!(run(Batch::default()), walked, "{strings:?}");
         }
         for strings in [
             Strings::Data,

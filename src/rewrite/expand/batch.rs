@@ -65,7 +65,7 @@ struct Op {
 /// The layout of the last document learned from one batch (the documents
 /// of one array, at one depth), and how often it served.
 #[derive(Default)]
-pub(super) struct Batch {
+pub(crate) struct Batch {
     ops: Vec<Op>,
     bytes: Vec<u8>,
     /// The depth of the documents it is for: a cursor's batch's, the
@@ -351,7 +351,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::rewrite::expand::raw::{expand_in, expand_walked};
+    use crate::rewrite::expand::raw::expand_in;
     use crate::rewrite::expand::{Strings, Unknown};
     use crate::token::namespace::value_bytes;
     use crate::token::Dictionary;
@@ -402,36 +402,32 @@ mod tests {
     /// The expansion of `raw` with the layouts of its batches, the walk's,
     /// and how many documents a layout served.
     fn both(raw: &[u8], dict: &Dictionary) -> (Expanded, Expanded, usize) {
-        let run = |walked: bool, batch: &mut Batch| {
-            let (mut out, mut unknown) = (Vec::new(), Unknown::default());
-            let ran = match walked {
-                true => expand_walked(
-                    raw,
-                    dict,
-                    Strings::Data,
-                    &mut unknown,
-                    (&mut out, 0),
-                    &mut |n| n,
-                ),
-                false => expand_in(
-                    raw,
-                    dict,
-                    Strings::Data,
-                    &mut unknown,
-                    (&mut out, 0),
-                    &mut |n| n,
-                    batch,
-                ),
-            };
-            match (ran, unknown.is_empty()) {
-                (Ok(()), true) => Ok(out),
-                (Ok(()), false) => Err(unknown),
-                (Err(e), _) => panic!("refused: {e:?}"),
-            }
-        };
         let mut batch = Batch::default();
-        let by_layout = run(false, &mut batch);
-        (by_layout, run(true, &mut Batch::default()), batch.hits)
+        let by_layout = run(raw, dict, &mut batch);
+        (
+            by_layout,
+            run(raw, dict, &mut Batch::walk_only()),
+            batch.hits,
+        )
+    }
+
+    /// The expansion of `raw` with the layouts in `batch`.
+    fn run(raw: &[u8], dict: &Dictionary, batch: &mut Batch) -> Expanded {
+        let (mut out, mut unknown) = (Vec::new(), Unknown::default());
+        let ran = expand_in(
+            raw,
+            dict,
+            Strings::Data,
+            &mut unknown,
+            (&mut out, 0),
+            &mut |n| n,
+            batch,
+        );
+        match (ran, unknown.is_empty()) {
+            (Ok(()), true) => Ok(out),
+            (Ok(()), false) => Err(unknown),
+            (Err(e), _) => panic!("refused: {e:?}"),
+        }
     }
 
     /// A document of the batch below, stored and as the driver reads it.
@@ -603,18 +599,7 @@ mod tests {
         let dict = dictionary();
         let docs: Vec<Document> = (0..40).map(|i| doc! {token(&dict, i): i as i32}).collect();
         let mut batch = Batch::default();
-        let raw = reply(docs);
-        let (mut out, mut unknown) = (Vec::new(), Unknown::default());
-        expand_in(
-            &raw,
-            &dict,
-            Strings::Data,
-            &mut unknown,
-            (&mut out, 0),
-            &mut |n| n,
-            &mut batch,
-        )
-        .unwrap();
+        run(&reply(docs), &dict, &mut batch).unwrap();
         assert_eq!((batch.hits, batch.learned), (0, 2));
         assert!(batch.misses <= 5, "{}", batch.misses);
     }
@@ -627,48 +612,22 @@ mod tests {
         let dict = dictionary();
         let (stored, logical) = user(&dict, 1);
         let mut batch = Batch::default();
-        let (mut out, mut unknown) = (Vec::new(), Unknown::default());
-        let raw = reply(vec![stored.clone()]);
-        expand_in(
-            &raw,
-            &dict,
-            Strings::Data,
-            &mut unknown,
-            (&mut out, 0),
-            &mut |n| n,
-            &mut batch,
-        )
-        .unwrap();
-        assert_eq!(out, reply(vec![logical]));
+        let out = run(&reply(vec![stored.clone()]), &dict, &mut batch);
+        assert_eq!(out.unwrap(), reply(vec![logical]));
         assert_eq!((batch.learned, batch.ops.len()), (0, 0));
         // Two documents: the first is learned from, the second follows it.
         let mut stored = stored;
         stored.remove(token(&dict, 7));
-        let raw = reply(vec![stored.clone(), stored]);
         let mut batch = Batch::default();
-        expand_in(
-            &raw,
-            &dict,
-            Strings::Data,
-            &mut unknown,
-            (&mut Vec::new(), 0),
-            &mut |n| n,
-            &mut batch,
-        )
-        .unwrap();
+        run(&reply(vec![stored.clone(), stored]), &dict, &mut batch).unwrap();
         assert_eq!((batch.learned, batch.hits), (1, 1));
         // Documents in an array of a document (a `findAndModify`'s value)
         // are no cursor's batch: nothing is learned.
         let items: Vec<_> = (0..3).map(|i| user(&dict, i).0).collect();
-        let raw = bytes(doc! {"value": {"items": items}, "ok": 1.0});
         let mut batch = Batch::default();
-        expand_in(
-            &raw,
+        run(
+            &bytes(doc! {"value": {"items": items}, "ok": 1.0}),
             &dict,
-            Strings::Data,
-            &mut unknown,
-            (&mut Vec::new(), 0),
-            &mut |n| n,
             &mut batch,
         )
         .unwrap();

@@ -18,7 +18,7 @@ use crate::token::namespace::{
 };
 use crate::token::Names;
 
-mod batch;
+pub(crate) mod batch;
 pub mod raw;
 mod text;
 

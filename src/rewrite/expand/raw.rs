@@ -95,31 +95,11 @@ pub fn expand<N: Names + ?Sized>(
     )
 }
 
-/// [`expand`] by the walk alone, document after document, without the
-/// layouts of batches: what those must give, for the tests and the fuzz
-/// targets to compare.
-pub fn expand_walked<N: Names + ?Sized>(
-    doc: &[u8],
-    names: &N,
-    strings: Strings,
-    unknown: &mut Unknown,
-    out: (&mut Vec<u8>, usize),
-    grow: &mut dyn FnMut(usize) -> usize,
-) -> Result<(), Refused> {
-    expand_in(
-        doc,
-        names,
-        strings,
-        unknown,
-        out,
-        grow,
-        &mut Batch::walk_only(),
-    )
-}
-
 /// [`expand`], the layouts of batches in `batch` (learned ones hold for
-/// every try: the dictionary is the same).
-pub(super) fn expand_in<N: Names + ?Sized>(
+/// every try: the dictionary is the same). With [`Batch::walk_only`],
+/// every document is walked: what the layouts must give, for the tests
+/// and the fuzz targets to compare.
+pub(crate) fn expand_in<N: Names + ?Sized>(
     doc: &[u8],
     names: &N,
     strings: Strings,
