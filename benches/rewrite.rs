@@ -7,7 +7,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use laconic::rewrite::mapper::raw;
 use laconic::rewrite::{expand, walker};
 use laconic::token::{Dictionary, Policy};
-use laconic::tools::bench::rewrite::{cursor_batch, names_batch, sample};
+use laconic::tools::bench::rewrite::{cursor_batch, names_batch, sample, small_insert};
 use laconic::wire::{DocumentSequence, MsgFlags, OpMsg, Section};
 
 fn rewrite(c: &mut Criterion) {
@@ -59,6 +59,16 @@ fn rewrite(c: &mut Criterion) {
     });
     g.bench_function("insert", |b| {
         b.iter(|| raw::insert(&insert, &policy, &dict).unwrap())
+    });
+    g.finish();
+
+    // The proxy benchmark's `insert_many`: 100 documents of an `_id` and
+    // one number, `n` a token.
+    let (small, small_policy, small_dict) = small_insert();
+    let mut g = c.benchmark_group("insert_100_small");
+    g.throughput(Throughput::Elements(100));
+    g.bench_function("insert", |b| {
+        b.iter(|| raw::insert(&small, &small_policy, &small_dict).unwrap())
     });
     g.finish();
 

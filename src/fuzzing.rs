@@ -7,9 +7,9 @@
 
 use bson::{RawDocument, RawDocumentBuf};
 
+use crate::rewrite::batch::Batch;
 use crate::rewrite::catalogue::Slot;
 use crate::rewrite::catalogue::CATALOGUE;
-use crate::rewrite::expand::batch::Batch;
 use crate::rewrite::expand::{self, Strings};
 use crate::rewrite::mapper::splice::{GiveUp, Owned};
 use crate::rewrite::mapper::{self, Lookup};

@@ -5,6 +5,7 @@
 //! together with a [`ReplyPlan`] saying what the replies to it need. [`reply`]
 //! applies that plan to each reply. Neither does any I/O.
 
+pub(crate) mod batch;
 pub mod catalogue;
 mod command;
 pub mod cursor;

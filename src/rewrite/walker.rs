@@ -555,7 +555,7 @@ impl Slab<'_> {
     }
 
     /// Starts a document: a length prefix to fill in by [`Slab::finish`].
-    #[inline]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     pub fn begin(&mut self) -> Result<usize, Full> {
         let start = self.pos;
         self.put(&[0; 4])?;
@@ -563,7 +563,7 @@ impl Slab<'_> {
     }
 
     /// Ends the document begun at `start`: its NUL and its length.
-    #[inline]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     pub fn finish(&mut self, start: usize) -> Result<(), Full> {
         self.byte(0)?;
         let len = (self.pos - start) as i32;

@@ -18,7 +18,6 @@ use crate::token::namespace::{
 };
 use crate::token::Names;
 
-pub(crate) mod batch;
 pub mod raw;
 mod text;
 

@@ -5,8 +5,8 @@
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::batch::{self, Batch};
 use super::{Strings, Unknown};
+use crate::rewrite::batch::{self, Batch};
 use crate::rewrite::walker::{
     as_str, descend, elements, string_of, Element, Full, Malformed, Renamed, Slab,
 };
@@ -352,7 +352,7 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         let Some(more) = item.filter(|_| self.batch.claims(depth)) else {
             return self.doc::<true>(doc, is_array, Strings::Data, false, (buf, pos), depth);
         };
-        if let Some(end) = self.batch.expand(doc, self.names, (&mut *buf, pos))? {
+        if let Some(end) = self.batch.follow(doc, self.names, (&mut *buf, pos))? {
             return Ok(end);
         }
         let end = self.doc::<true>(doc, false, Strings::Data, false, (buf, pos), depth)?;
@@ -433,7 +433,7 @@ fn rename(
 /// the walk of a document in a release build: 4% less time to expand the
 /// benchmark's cursor batch, whose documents each hold an array of strings.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn scalars(array: &[u8]) -> bool {
+pub(crate) fn scalars(array: &[u8]) -> bool {
     // A loop, not `all`: the closure's `try_fold` was left a call of its
     // own, apart from the walk.
     for e in elements(array) {

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 
+use crate::rewrite::batch::Batch;
 use crate::rewrite::walker::{
     as_str, begin, cstring, descend, elements, finish, header, put, string_of, Element, Malformed,
     Renamed,
@@ -336,14 +337,15 @@ pub fn insert<N: Names + ?Sized>(
                     header(&mut body, e.kind, e.key);
                     if e.key == b"documents" && e.kind == 0x04 {
                         let array = begin(&mut body);
-                        let tokenizer = Tokenizer { policy, names };
-                        let (mut parent, mut seen) = (Vec::with_capacity(8), BatchKeys::top());
-                        for d in elements(e.value) {
+                        let mut batch = Inserted::new(policy, names);
+                        let mut docs = elements(e.value).peekable();
+                        while let Some(d) = docs.next() {
                             let d = d?;
                             header(&mut body, d.kind, d.key);
                             if d.kind == 0x03 {
-                                let seen = Some(&mut seen);
-                                tokenizer.doc(d.value, false, &mut parent, &mut body, 0, seen)?;
+                                let (more, at) = (docs.peek().is_some(), body.len());
+                                let end = batch.doc(d.value, more, &mut body, at)?;
+                                body.truncate(end);
                             } else {
                                 body.extend_from_slice(d.value);
                             }
@@ -360,12 +362,12 @@ pub fn insert<N: Names + ?Sized>(
                 // One buffer for the whole batch, as it came.
                 let size = seq.bytes().len();
                 let mut stored = Vec::with_capacity(size + size / 4);
-                let tokenizer = Tokenizer { policy, names };
-                let (mut parent, mut seen) = (Vec::with_capacity(8), BatchKeys::top());
-                for d in seq.documents() {
-                    let seen = Some(&mut seen);
-                    tokenizer.doc(d, false, &mut parent, &mut stored, 0, seen)?;
+                let mut batch = Inserted::new(policy, names);
+                let (mut docs, mut end) = (seq.documents().peekable(), 0);
+                while let Some(d) = docs.next() {
+                    end = batch.doc(d, docs.peek().is_some(), &mut stored, end)?;
                 }
+                stored.truncate(end);
                 DocumentSequence::new(seq.identifier.clone(), bytes::Bytes::from(stored))
                     .map(Section::Sequence)
                     .map_err(|_| Malformed::Invalid("a tokenized document"))?
@@ -378,6 +380,66 @@ pub fn insert<N: Names + ?Sized>(
         sections,
         checksum: None,
     })
+}
+
+/// The documents of one `insert`, tokenized one after another: each by
+/// the layout of the last one walked where it has it ([`Batch`]), else
+/// walked, with what the keys of the batch's documents became so far
+/// ([`BatchKeys`]). A policy with value paths has no layouts: what a
+/// string becomes there turns on the string.
+struct Inserted<'p, 'd, N: ?Sized> {
+    tokenizer: Tokenizer<'p, N>,
+    parent: Vec<&'d str>,
+    seen: BatchKeys<'d>,
+    layout: Batch,
+}
+
+impl<'p: 'd, 'd, N: Names + ?Sized> Inserted<'p, 'd, N> {
+    fn new(policy: &'p Policy, names: &'p N) -> Self {
+        Inserted {
+            tokenizer: Tokenizer { policy, names },
+            parent: Vec::with_capacity(8),
+            seen: BatchKeys::top(),
+            layout: match policy.value_paths.is_empty() {
+                true => Batch::default(),
+                false => Batch::walk_only(),
+            },
+        }
+    }
+
+    /// Tokenizes `doc` into `out` at `at`: where it ends. What `out` holds
+    /// past `at` is written over, and past the end, left (a layout is
+    /// followed in room made once for many documents: the caller truncates
+    /// `out` to the last end). `more`: another document follows it (the
+    /// last one is not learned from).
+    fn doc(
+        &mut self,
+        doc: &'d [u8],
+        more: bool,
+        out: &mut Vec<u8>,
+        at: usize,
+    ) -> Result<usize, Malformed> {
+        if self.layout.ready() {
+            let room = at + doc.len() + self.layout.growth();
+            if out.len() < room {
+                out.resize(room.max(2 * out.len()), 0);
+            }
+            let followed = self
+                .layout
+                .follow(doc, self.tokenizer.names, (&mut out[..], at));
+            if let Ok(Some(end)) = followed {
+                return Ok(end);
+            }
+        }
+        out.truncate(at);
+        let seen = Some(&mut self.seen);
+        self.tokenizer
+            .doc(doc, false, &mut self.parent, out, 0, seen)?;
+        if more {
+            self.layout.learn_rewrite(doc, &out[at..], 0);
+        }
+        Ok(out.len())
+    }
 }
 
 #[cfg(test)]
@@ -393,6 +455,12 @@ mod tests {
 
     fn policy() -> Policy {
         Policy::new(6, &["custom".into()], "laconic").with_value_paths(&["artists".into()])
+    }
+
+    /// [`policy`] without its value path: the documents of an insert
+    /// follow layouts.
+    fn keys_only() -> Policy {
+        Policy::new(6, &["custom".into()], "laconic")
     }
 
     fn dictionary(doc: &Document, policy: &Policy) -> Dictionary {
@@ -493,9 +561,9 @@ mod tests {
     /// each document as the owned rewriter tokenizes it alone. The batch
     /// repeats its documents in other orders, so that keys are found where
     /// an earlier document had them, where it had others, and past its end.
-    fn check_batch(docs: &[Document]) {
+    fn check_batch(docs: &[Document], policy: &Policy) {
         use crate::wire::{DocumentSequence, MsgFlags, OpMsg, Section};
-        let policy = policy();
+        let policy = policy.clone();
         let mut dict = Dictionary::default();
         for doc in docs {
             let mut names = Vec::new();
@@ -553,7 +621,7 @@ mod tests {
 
     #[test]
     fn a_batch_of_alike_documents_tokenizes_as_each_alone() {
-        check_batch(&[
+        let docs = [
             doc! { "_id": 1, "first_name": "a", "custom": {"k": 1}, "artists": ["Taylor Swift"] },
             doc! { "_id": 2, "first_name": "b", "custom": {"k": 2}, "artists": ["Bad Bunny"] },
             doc! { "_id": 3, "custom": {"first_name": 3}, "first_name": "c", "\u{1}odd": 1 },
@@ -566,7 +634,186 @@ mod tests {
             doc! { "other": [{"k": 1}, [{"k": 2, "first_name": 3}]], "custom": [{"k": 1}] },
             doc! { "artists": [{"k": 1}, "Taylor Swift"], "custom": {"k": {"k": 1}} },
             doc! { "custom": "Taylor Swift", "artists": {"k": 1, "$each": ["Bad Bunny"]} },
-        ]);
+        ];
+        check_batch(&docs, &policy());
+        check_batch(&docs, &keys_only());
+    }
+
+    /// A document of every kind of element a layout holds: a renamed key,
+    /// one kept, an escaped one, a custom attribute's, a nested document,
+    /// an array of documents, an array of plain values, a binary.
+    fn laid_out(n: i32) -> Document {
+        doc! {
+            "_id": n, "first_name": format!("user {n}"), "age": n,
+            "\u{1}odd key": n, "custom": {"Favorite Player": n, "k": [n, {"nested_key": n}]},
+            "purchases": [{"item_name": "a", "price": n}, {"item_name": "b", "price": 2}],
+            "tags": ["a", "b"],
+            "blob": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![n as u8; 3] },
+        }
+    }
+
+    /// The documents of one insert, through [`Inserted`]: what each became
+    /// (or why it was refused), and how many followed a layout.
+    fn inserted(
+        docs: &[Document],
+        policy: &Policy,
+        dict: &Dictionary,
+    ) -> (Vec<Result<Vec<u8>, Malformed>>, usize) {
+        let raw: Vec<Vec<u8>> = docs.iter().map(|d| bson::to_vec(d).unwrap()).collect();
+        let mut batch = Inserted::new(policy, dict);
+        let results = raw
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let mut out = vec![9; 3];
+                let end = batch.doc(d, i + 1 < raw.len(), &mut out, 3)?;
+                assert_eq!(out[..3], [9; 3], "what came before is kept");
+                Ok(out[3..end].to_vec())
+            })
+            .collect();
+        (results, batch.layout.hits())
+    }
+
+    #[test]
+    fn an_insert_is_tokenized_by_its_layout_as_by_the_walk() {
+        let policy = keys_only();
+        let mut dict = dictionary(&laid_out(1), &policy);
+        // A name the dictionary lacks is stored as it is, as the walk does.
+        let unknown = "a_name_not_in_the_dictionary";
+        let reserved = bson::Binary {
+            subtype: bson::spec::BinarySubtype::UserDefined(VALUE_SUBTYPE),
+            bytes: vec![1],
+        };
+        type Change = Box<dyn Fn(&mut Document)>;
+        let variants: Vec<(&str, Change)> = vec![
+            (
+                "an element more",
+                Box::new(|d| {
+                    d.insert("zzz_more", 1);
+                }),
+            ),
+            (
+                "an element fewer",
+                Box::new(|d| {
+                    d.remove("tags");
+                }),
+            ),
+            (
+                "another type",
+                Box::new(|d| {
+                    d.insert("age", 1i64);
+                }),
+            ),
+            (
+                "another key",
+                Box::new(|d| {
+                    d.insert("age_", 1);
+                    d.remove("age");
+                }),
+            ),
+            (
+                "a name the dictionary lacks",
+                Box::new(move |d| {
+                    d.insert(unknown, 1);
+                }),
+            ),
+            (
+                "a document in a plain array",
+                Box::new(|d| {
+                    d.insert("tags", bson::bson!(["a", {"first_name": 1}]));
+                }),
+            ),
+            (
+                "a longer array of documents",
+                Box::new(|d| {
+                    d.insert(
+                        "purchases",
+                        bson::bson!([{"item_name": "a"}, {"item_name": "b"}, {"price": 1}]),
+                    );
+                }),
+            ),
+            (
+                "a nested key changed",
+                Box::new(|d| {
+                    d.insert("custom", doc! {"Favorite Player": 1, "other": 2});
+                }),
+            ),
+            (
+                "an empty nested document",
+                Box::new(|d| {
+                    d.insert("custom", doc! {});
+                }),
+            ),
+            (
+                "a string for a document",
+                Box::new(|d| {
+                    d.insert("custom", "x");
+                }),
+            ),
+        ];
+        for (what, change) in &variants {
+            let mut docs: Vec<Document> = (0..20).map(laid_out).collect();
+            change(&mut docs[10]);
+            let mut names = Vec::new();
+            tokenize::collect_names(&docs[10], &policy, &mut names);
+            dict.add_names(
+                &names
+                    .into_iter()
+                    .filter(|n| n != unknown)
+                    .collect::<Vec<_>>(),
+            );
+            let (got, hits) = inserted(&docs, &policy, &dict);
+            for (doc, got) in docs.iter().zip(got) {
+                let alone = tokenize::document(doc, &mut Vec::new(), &policy, &dict);
+                assert_eq!(got.unwrap(), bson::to_vec(&alone).unwrap(), "{what}");
+            }
+            assert!(hits >= 16, "{what}: {hits} documents followed the layout");
+        }
+        // A value token's binary in a document of the layout is refused, as
+        // the walk refuses it, at the top and in a plain array.
+        for at in ["blob", "tags"] {
+            let mut docs: Vec<Document> = (0..6).map(laid_out).collect();
+            let value = match at {
+                "blob" => Bson::Binary(reserved.clone()),
+                _ => bson::bson!([Bson::Binary(reserved.clone()), "b"]),
+            };
+            docs[4].insert(at, value);
+            let (got, hits) = inserted(&docs, &policy, &dict);
+            assert!(
+                matches!(got[4], Err(Malformed::Reserved)),
+                "{at}: {:?}",
+                got[4]
+            );
+            assert!(got[5].is_ok() && hits >= 2, "{at}");
+        }
+    }
+
+    #[test]
+    fn the_last_document_and_a_policy_with_value_paths_learn_nothing() {
+        let docs: Vec<Document> = (0..2).map(laid_out).collect();
+        let dict = dictionary(&docs[0], &keys_only());
+        // The first is learned from, the second follows; one alone is not.
+        assert_eq!(inserted(&docs, &keys_only(), &dict).1, 1);
+        assert_eq!(inserted(&docs[..1], &keys_only(), &dict).1, 0);
+        let (keys, first) = (keys_only(), bson::to_vec(&docs[0]).unwrap());
+        let mut batch = Inserted::new(&keys, &dict);
+        batch.doc(&first, false, &mut Vec::new(), 0).unwrap();
+        assert!(!batch.layout.ready());
+        // Keys that only grow (escaped ones) follow too: the room for a
+        // document is its length and what its layout's renames add.
+        let escaped: Vec<Document> = (0..4).map(|n| doc! {"_id": n, "\u{1}a": n}).collect();
+        let (got, hits) = inserted(&escaped, &keys_only(), &dict);
+        for (doc, got) in escaped.iter().zip(got) {
+            let alone = tokenize::document(doc, &mut Vec::new(), &keys_only(), &dict);
+            assert_eq!(got.unwrap(), bson::to_vec(&alone).unwrap());
+        }
+        assert_eq!(hits, 3);
+        // Under a value path a string's token turns on the string.
+        let many: Vec<Document> = (0..10).map(laid_out).collect();
+        assert_eq!(
+            inserted(&many, &policy(), &dictionary(&docs[0], &policy())).1,
+            0
+        );
     }
 
     proptest! {
@@ -577,7 +824,33 @@ mod tests {
 
         #[test]
         fn a_batch_tokenizes_as_its_documents_alone(docs in prop::collection::vec(arb_doc(), 1..5)) {
-            check_batch(&docs);
+            check_batch(&docs, &policy());
+            check_batch(&docs, &keys_only());
+        }
+
+        /// Batches of a few layouts, whose documents differ in their
+        /// top-level numbers, and now and then in a number's type.
+        #[test]
+        fn a_batch_of_few_layouts_tokenizes_as_its_documents_alone(
+            pool in prop::collection::vec(arb_doc(), 1..4),
+            picks in prop::collection::vec((0..4usize, any::<i32>()), 1..16),
+        ) {
+            let docs: Vec<Document> = picks
+                .iter()
+                .map(|&(pick, n)| {
+                    let mut doc = pool[pick % pool.len()].clone();
+                    for (_, v) in doc.iter_mut() {
+                        if let Bson::Int32(_) = v {
+                            *v = match n % 5 {
+                                0 => Bson::Int64(n.into()),
+                                _ => Bson::Int32(n),
+                            };
+                        }
+                    }
+                    doc
+                })
+                .collect();
+            check_batch(&docs, &keys_only());
         }
     }
 }

@@ -10,6 +10,7 @@ use crate::rewrite::mapper::paths as tokenize;
 use crate::rewrite::mapper::raw;
 use crate::rewrite::walker;
 use crate::token::{Dictionary, Policy};
+use crate::wire::{DocumentSequence, MsgFlags, OpMsg, Section};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RewriteArgs {
@@ -93,6 +94,37 @@ pub fn cursor_batch() -> (RawDocumentBuf, RawDocumentBuf, Dictionary) {
         .map(|d| tokenize::document(d, &mut Vec::new(), &policy, &dict))
         .collect();
     (reply(docs), reply(stored), dict)
+}
+
+/// The request of `laconic bench proxy`'s `insert_many`: 100 documents of
+/// an `_id` and one number in a document sequence, as drivers send them,
+/// the policy that tokenizes every name but `_id`, and the dictionary
+/// holding `n`.
+pub fn small_insert() -> (OpMsg, Policy, Dictionary) {
+    let policy = Policy::new(1, &[], "laconic");
+    let mut dict = Dictionary::default();
+    dict.add_names(&["n".to_owned()]);
+    let batch: Vec<u8> = (0..100)
+        .flat_map(|n| {
+            bson::to_vec(&doc! {"_id": bson::oid::ObjectId::new(), "n": n}).unwrap_or_default()
+        })
+        .collect();
+    let insert = OpMsg {
+        flags: MsgFlags(0),
+        sections: vec![
+            Section::Body(
+                bson::to_vec(&doc! { "insert": "c", "$db": "d" })
+                    .unwrap_or_default()
+                    .into(),
+            ),
+            Section::Sequence(
+                DocumentSequence::new("documents".into(), batch.into())
+                    .expect("100 small documents"),
+            ),
+        ],
+        checksum: None,
+    };
+    (insert, policy, dict)
 }
 
 /// The sample document without its long note: names are most of its

@@ -3,19 +3,25 @@
 //! walk of one such document decides, element by element, what its key
 //! becomes and whether its value is gone into or copied; [`Batch`] keeps
 //! those decisions as a list of steps, and a next document whose element
-//! headers are byte for byte the same is expanded by following them: one
+//! headers are byte for byte the same is rewritten by following them: one
 //! comparison per element instead of a search for the key's end, a
 //! dictionary look-up and the tests of the walk.
 //!
+//! Both rewriters follow layouts: the expansion of a cursor's batch
+//! ([`Batch::learn`]), and the tokenization of an `insert`'s documents
+//! ([`Batch::learn_rewrite`]).
+//!
 //! What a step does depends only on the header's bytes (the type and the
-//! stored key), the dictionary (one snapshot for the whole reply) and, for
-//! a binary value, its subtype, which is tested again each time; the
+//! key), on the headers of the documents it is in, on what stays the same
+//! for the whole batch (the dictionary, one snapshot; the policy) and, for
+//! a binary value, on its subtype, which is tested again each time; the
 //! output is the very bytes the walk writes. A document that differs
-//! anywhere is expanded by the walk, and its layout may be kept instead.
-//! Only documents the walk expands without a question are kept: no
-//! unknown token (of a name or a value), no escaped or dotted key.
+//! anywhere is rewritten by the walk, and its layout may be kept instead.
+//! Only documents the walk rewrites without a question are kept: for the
+//! expansion, no unknown token (of a name or a value), no escaped or
+//! dotted key; for the tokenization, no value path in the policy.
 
-use super::raw::scalars;
+use super::expand::raw::scalars;
 use crate::rewrite::walker::{elements, value_len, Full, Slab, MAX_DEPTH};
 use crate::token::namespace::{starts_token, value_number, ESCAPE, VALUE_SUBTYPE};
 use crate::token::Names;
@@ -35,7 +41,7 @@ enum Step {
     /// token's.
     Binary,
     /// A value token, written as the string it stands for (under the
-    /// header of a string, its `logical`) if the dictionary knows it.
+    /// header of a string, its `becomes`) if the dictionary knows it.
     Value,
     /// An array of values the expansion leaves as they are (tested again,
     /// as the walk tests it), copied as it is.
@@ -51,15 +57,15 @@ enum Step {
 #[derive(Clone, Copy, Debug)]
 struct Op {
     step: Step,
-    /// The stored header (type byte, key, NUL): where it is in
+    /// The header (type byte, key, NUL) as it comes: where it is in
     /// [`Batch::bytes`], and how long it is.
-    stored: (u32, u32),
+    header: (u32, u32),
     /// Its first eight bytes, for a header no longer than that: compared
     /// as one word, under `mask`.
     word: u64,
     mask: u64,
     /// The header it becomes, in [`Batch::bytes`]; `None`: the same.
-    logical: Option<(u32, u32)>,
+    becomes: Option<(u32, u32)>,
 }
 
 /// The layout of the last document learned from one batch (the documents
@@ -74,6 +80,8 @@ pub(crate) struct Batch {
     hits: usize,
     misses: usize,
     learned: usize,
+    /// See [`Batch::growth`].
+    growth: usize,
 }
 
 impl Batch {
@@ -100,24 +108,34 @@ impl Batch {
         self.depth == Some(depth)
     }
 
-    /// Expands `doc`, a document of the batch, into `out` if it
-    /// has the layout learned last: where the output ends. `None`: it does
-    /// not (or nothing is learned), and the bytes written are to be
-    /// written over.
+    /// How many documents followed a layout.
+    #[cfg(test)]
+    pub fn hits(&self) -> usize {
+        self.hits
+    }
+
+    /// Whether a layout is kept and tried: a batch of many layouts stops
+    /// being tried.
+    #[inline(always)]
+    pub fn ready(&self) -> bool {
+        !self.ops.is_empty() && self.misses <= self.hits + 4
+    }
+
+    /// Rewrites `doc`, a document of the batch, into `out` if it has the
+    /// layout learned last: where the output ends. `None`: it does not (or
+    /// nothing is learned), and the bytes written are to be written over.
     #[inline]
-    pub fn expand<N: Names + ?Sized>(
+    pub fn follow<N: Names + ?Sized>(
         &mut self,
         doc: &[u8],
         names: &N,
         (buf, pos): (&mut [u8], usize),
     ) -> Result<Option<usize>, Full> {
-        // A batch of many layouts stops being tried.
-        if self.ops.is_empty() || self.misses > self.hits + 4 {
+        if !self.ready() {
             return Ok(None);
         }
         let mut out = Slab { buf, pos };
-        let mut at = 0;
-        if self.doc(doc, names, &mut at, &mut out)? {
+        if self.doc(doc, names, 0, &mut out)?.is_some() {
             self.hits += 1;
             Ok(Some(out.pos))
         } else {
@@ -131,15 +149,40 @@ impl Batch {
     /// layouts is learned from a few times, then no more: a walk to learn
     /// costs about half an expansion.
     pub fn learn<N: Names + ?Sized>(&mut self, doc: &[u8], depth: usize, names: &N) {
+        self.relearn(depth, |batch| batch.steps(doc, false, names, 0));
+    }
+
+    /// Keeps the layout of `doc`, a document of the batch at `depth`, as
+    /// the walk just rewrote it into `out`, for a rewrite whose decisions
+    /// turn on the headers alone: one that changes keys and nothing else,
+    /// goes into every document and array that holds one, and copies
+    /// every other value as it is but a binary it refuses (the
+    /// tokenization of a policy without value paths). Read off the two
+    /// documents side by side: an element whose key changed becomes its
+    /// new header. A document whose elements or values differ otherwise
+    /// is not kept.
+    pub fn learn_rewrite(&mut self, doc: &[u8], out: &[u8], depth: usize) {
+        self.relearn(depth, |batch| batch.pairs(doc, out, 0));
+    }
+
+    /// Learning, as often as it pays: `steps` writes the new layout.
+    fn relearn(&mut self, depth: usize, steps: impl FnOnce(&mut Batch) -> Option<()>) {
         if self.learned >= 2 + self.hits / 4 {
             return;
         }
         self.learned += 1;
         self.ops.clear();
         self.bytes.clear();
-        if depth + MOST_LEVELS >= MAX_DEPTH || self.steps(doc, false, names, 0).is_none() {
+        self.growth = 0;
+        if depth + MOST_LEVELS >= MAX_DEPTH || steps(self).is_none() {
             self.ops.clear();
         }
+    }
+
+    /// How many bytes longer than a document its rewrite by the layout
+    /// can be: what its renamed headers add.
+    pub fn growth(&self) -> usize {
+        self.growth
     }
 
     /// Writes the steps of `doc`'s elements, then its [`Step::End`].
@@ -191,6 +234,46 @@ impl Batch {
         Some(())
     }
 
+    /// Writes the steps that rewrite `doc`'s elements into `out`'s, then
+    /// their [`Step::End`]. `None`: `out` is not `doc` with keys changed.
+    fn pairs(&mut self, doc: &[u8], out: &[u8], level: usize) -> Option<()> {
+        if doc.len() < 5 {
+            return None;
+        }
+        let mut written = elements(out);
+        for e in elements(doc) {
+            let (e, o) = (e.ok()?, written.next()?.ok()?);
+            let step = match e.kind {
+                _ if o.kind != e.kind => return None,
+                0x04 if scalars(e.value) => Step::Scalars,
+                0x03 | 0x04 => Step::Into,
+                0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => return None,
+                0x05 => Step::Binary,
+                _ => Step::Copy,
+            };
+            if step != Step::Into && e.value != o.value {
+                return None;
+            }
+            let becomes =
+                (e.key != o.key).then(|| self.keep(&[&o.raw[..o.raw.len() - o.value.len()]]));
+            self.push(step, &e.raw[..e.raw.len() - e.value.len()], becomes);
+            if step == Step::Into {
+                if level + 1 >= MOST_LEVELS {
+                    return None;
+                }
+                self.pairs(e.value, o.value, level + 1)?;
+            }
+            if self.ops.len() > MOST_STEPS {
+                return None;
+            }
+        }
+        if written.next().is_some() {
+            return None;
+        }
+        self.push(Step::End, &[], None);
+        Some(())
+    }
+
     fn keep(&mut self, parts: &[&[u8]]) -> (u32, u32) {
         let at = self.bytes.len();
         for p in parts {
@@ -199,93 +282,99 @@ impl Batch {
         (at as u32, (self.bytes.len() - at) as u32)
     }
 
-    fn push(&mut self, step: Step, stored: &[u8], logical: Option<(u32, u32)>) {
+    fn push(&mut self, step: Step, header: &[u8], becomes: Option<(u32, u32)>) {
         let mut first = [0u8; 8];
-        let n = stored.len().min(8);
-        first[..n].copy_from_slice(&stored[..n]);
-        let mask = match stored.len() {
+        let n = header.len().min(8);
+        first[..n].copy_from_slice(&header[..n]);
+        let mask = match header.len() {
             8.. => u64::MAX,
             n => (1u64 << (8 * n)) - 1,
         };
-        let stored = self.keep(&[stored]);
+        if let Some((_, len)) = becomes {
+            self.growth += (len as usize).saturating_sub(header.len());
+        }
+        let header = self.keep(&[header]);
         self.ops.push(Op {
             step,
-            stored,
+            header,
             word: u64::from_le_bytes(first),
             mask,
-            logical,
+            becomes,
         });
     }
 
+    #[inline(always)]
     fn bytes(&self, (at, len): (u32, u32)) -> &[u8] {
         &self.bytes[at as usize..(at + len) as usize]
     }
 
-    /// Follows the steps from `ops[*at]` through `doc`, writing what the
-    /// walk would; `false` where `doc` parts from them.
+    /// Follows the steps from `ops[at]` through `doc`, writing what the
+    /// walk would: where the steps after its [`Step::End`] start. `None`
+    /// where `doc` parts from them.
     fn doc<N: Names + ?Sized>(
         &self,
         doc: &[u8],
         names: &N,
-        at: &mut usize,
+        mut at: usize,
         out: &mut Slab<'_>,
-    ) -> Result<bool, Full> {
+    ) -> Result<Option<usize>, Full> {
         if doc.len() < 5 {
-            return Ok(false);
+            return Ok(None);
         }
         let end = doc.len() - 1;
         let start = out.begin()?;
         // `doc[..copied]` is in `out` already, as in the walk.
         let (mut copied, mut el) = (4, 4);
         loop {
-            let Some(op) = self.ops.get(*at) else {
-                return Ok(false);
+            let Some(op) = self.ops.get(at) else {
+                return Ok(None);
             };
-            *at += 1;
+            at += 1;
             if op.step == Step::End {
                 break;
             }
-            let n = op.stored.1 as usize;
+            let n = op.header.1 as usize;
             // The header, and its NUL, before the document's own NUL.
             if el + n > end || !self.same(op, doc, el) {
-                return Ok(false);
+                return Ok(None);
             }
             let value_at = el + n;
             let Ok(len) = value_len(doc[el], &doc[value_at..end]) else {
-                return Ok(false);
+                return Ok(None);
             };
             let value = &doc[value_at..value_at + len];
             match op.step {
-                Step::Binary if value.get(4) == Some(&VALUE_SUBTYPE) => return Ok(false),
-                Step::Scalars if !scalars(value) => return Ok(false),
+                Step::Binary if value.get(4) == Some(&VALUE_SUBTYPE) => return Ok(None),
+                Step::Scalars if !scalars(value) => return Ok(None),
                 Step::Value => {
                     let token = match value.get(4) {
                         Some(&VALUE_SUBTYPE) => value.get(5..).and_then(value_number),
                         _ => None,
                     };
                     let Some(v) = token.and_then(|n| names.value(n)) else {
-                        return Ok(false);
+                        return Ok(None);
                     };
-                    let Some(l) = op.logical else {
-                        return Ok(false);
+                    let Some(l) = op.becomes else {
+                        return Ok(None);
                     };
                     self.rename(l, &doc[copied..el], out)?;
                     out.string_value(v)?;
                     copied = value_at + len;
                 }
                 Step::Into => {
-                    match op.logical {
+                    match op.becomes {
                         None => out.put(&doc[copied..value_at])?,
                         Some(l) => self.rename(l, &doc[copied..el], out)?,
                     }
-                    if !self.doc(value, names, at, out)? {
-                        return Ok(false);
+                    match self.doc(value, names, at, out)? {
+                        Some(next) => at = next,
+                        None => return Ok(None),
                     }
                     copied = value_at + len;
                 }
                 // Copied as it is, under its name.
                 _ => {
-                    if let Some(l) = op.logical {
+                    if let Some(l) = op.becomes {
                         self.rename(l, &doc[copied..el], out)?;
                         copied = value_at;
                     }
@@ -295,29 +384,29 @@ impl Batch {
         }
         // No element past the layout's.
         if el != end {
-            return Ok(false);
+            return Ok(None);
         }
         out.put(&doc[copied..end])?;
         out.finish(start)?;
-        Ok(true)
+        Ok(Some(at))
     }
 
-    /// A run of bytes, then the header an element becomes (`logical`).
+    /// A run of bytes, then the header an element becomes.
     #[inline(always)]
-    fn rename(&self, logical: (u32, u32), run: &[u8], out: &mut Slab<'_>) -> Result<(), Full> {
+    fn rename(&self, becomes: (u32, u32), run: &[u8], out: &mut Slab<'_>) -> Result<(), Full> {
         out.put(run)?;
-        out.put(self.bytes(logical))
+        out.put(self.bytes(becomes))
     }
 
     /// Whether the header of `op` is at `doc[at..]`, which holds it.
     #[inline(always)]
     fn same(&self, op: &Op, doc: &[u8], at: usize) -> bool {
         match doc.get(at..at + 8) {
-            Some(w) if op.stored.1 <= 8 => {
+            Some(w) if op.header.1 <= 8 => {
                 let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
                 (w ^ op.word) & op.mask == 0
             }
-            _ => doc[at..at + op.stored.1 as usize] == *self.bytes(op.stored),
+            _ => doc[at..at + op.header.1 as usize] == *self.bytes(op.header),
         }
     }
 }
@@ -327,10 +416,7 @@ impl Batch {
 /// plain key itself (`Some(None)`). `None`: an unknown token, an escaped
 /// or a dotted key, which the walk reads further.
 #[inline(always)]
-pub(super) fn data_key<'n, N: Names + ?Sized>(
-    stored: &[u8],
-    names: &'n N,
-) -> Option<Option<&'n str>> {
+fn data_key<'n, N: Names + ?Sized>(stored: &[u8], names: &'n N) -> Option<Option<&'n str>> {
     let first = stored.first().copied().unwrap_or(0);
     if starts_token(first) {
         return names.name(stored).map(Some);
@@ -340,7 +426,7 @@ pub(super) fn data_key<'n, N: Names + ?Sized>(
 
 /// A key that is neither a token nor escaped, and holds no dot.
 #[inline(always)]
-pub(super) fn plain(first: u8, stored: &[u8]) -> bool {
+pub(crate) fn plain(first: u8, stored: &[u8]) -> bool {
     first != ESCAPE && !starts_token(first) && !stored.contains(&b'.')
 }
 
