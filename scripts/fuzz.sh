@@ -29,6 +29,10 @@ docs += [
     {"filter": {"first_name": {"$in": ["x"]}, "$or": [{"address.location": 1}]}, "sort": {"amount": -1}},
     {"updates": [{"q": {"first_name": 1}, "u": {"$set": {"custom.New One": 2}}}]},
     {"pipeline": [{"$match": {"amount": {"$gt": 1}}}, {"$group": {"_id": "$first_name", "n": {"$sum": 1}}}]},
+    # An insert of documents of one layout: those after the first are
+    # tokenized by the layout of the one before.
+    {"insert": "c", "documents": [{"_id": i, "first_name": "x", "custom": {"Favorite Player": i, "k": [i, {"last_name": 2}]},
+                                   "tags": ["a"]} for i in range(4)]},
     # A cursor's batch of one layout, its keys one-byte tokens: documents
     # after the first are expanded by the layout of the one before.
     {"cursor": {"firstBatch": [{"_id": i, "\x02": "x", "\x04": {"\x06": [i, 2]}, "tags": ["a"]}

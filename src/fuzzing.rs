@@ -333,6 +333,11 @@ mod tests {
             doc! {"updates": [{"q": {"first_name": 1}, "u": {"$set": {"custom.New One": 2, "last_name": 3}}}]},
             doc! {"pipeline": [{"$match": {"amount": {"$gt": 1}}}, {"$group": {"_id": "$first_name", "n": {"$sum": 1}}}]},
             doc! {"documents": [{"_id": 1, "first_name": "x", "\u{1f}": 2}]},
+            // An insert of documents of one layout: those after the first
+            // are tokenized by the layout of the one before.
+            doc! {"documents": (0..4).map(|i| doc! {
+                "_id": i, "first_name": "x", "custom": {"Favorite Player": i, "k": [i, {"last_name": 2}]}, "tags": ["a"],
+            }).collect::<Vec<_>>()},
             doc! {"ops": [
                 {"insert": 0, "document": {"_id": 1, "first_name": "x", "custom": {"Favorite Player": 1}}},
                 {"update": 0, "filter": {"first_name": "x"}, "updateMods": {"$set": {"last_name": 3}}, "upsert": true},
