@@ -422,7 +422,9 @@ impl<'p: 'd, 'd, N: Names + ?Sized> Inserted<'p, 'd, N> {
         if self.layout.ready() {
             let room = at + doc.len() + self.layout.growth();
             if out.len() < room {
-                out.resize(room.max(2 * out.len()), 0);
+                // Zeroed up to what is allocated already: no more memory
+                // than pushing the bytes would take.
+                out.resize(room.max(out.capacity()), 0);
             }
             let followed = self
                 .layout
