@@ -422,9 +422,11 @@ impl<'p: 'd, 'd, N: Names + ?Sized> Inserted<'p, 'd, N> {
         if self.layout.ready() {
             let room = at + doc.len() + self.layout.growth();
             if out.len() < room {
-                // Zeroed up to what is allocated already: no more memory
-                // than pushing the bytes would take.
-                out.resize(room.max(out.capacity()), 0);
+                // Twice as long at most, within what is allocated already:
+                // no more bytes zeroed than written, over the batch, and no
+                // more memory than pushing them would take.
+                let twice = (2 * out.len()).min(out.capacity());
+                out.resize(room.max(twice), 0);
             }
             let followed = self
                 .layout
