@@ -43,8 +43,9 @@ enum Step {
     /// A value token, written as the string it stands for (under the
     /// header of a string, its `becomes`) if the dictionary knows it.
     Value,
-    /// An array of values the expansion leaves as they are (tested again,
-    /// as the walk tests it), copied as it is.
+    /// An array of values either rewrite leaves as they are (no
+    /// document, array or value token: tested again, as the walk of the
+    /// expansion tests it), copied as it is.
     Scalars,
     /// A document or an array gone into: the steps of its elements follow,
     /// up to their [`Step::End`].
