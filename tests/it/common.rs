@@ -417,13 +417,17 @@ pub async fn stored(db: &str, coll: &str) -> Vec<Document> {
 
 /// Runs a command of the `laconic` binary to its end (off the async
 /// workers), asserts that it succeeded, and returns its standard output.
+/// A failure shows both outputs: a script says on its standard output
+/// what differed.
 pub async fn run_ok(mut command: std::process::Command) -> String {
     let out = tokio::task::spawn_blocking(move || command.output().unwrap())
         .await
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
