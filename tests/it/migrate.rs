@@ -21,6 +21,9 @@ fn docs() -> i32 {
         .unwrap_or(50_000)
 }
 
+/// The pause between two reads of the application's reader.
+const READ_PACE_MS: u64 = 5;
+
 fn original(i: i32) -> Document {
     doc! {
         "_id": i,
@@ -142,10 +145,14 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
             (inserted, bumped)
         })
     };
+    // The reader reads at an application's pace, a pause between reads,
+    // rather than as fast as the test server answers: that server serves
+    // one request at a time, and what an unpaced reader takes from it the
+    // migration waits for. It reads in every phase of the migration.
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let reader = {
-        let (via, stop) = (via.clone(), stop.clone());
+        let (via, stop, reads) = (via.clone(), stop.clone(), reads.clone());
         tokio::spawn(async move {
-            let mut reads = 0;
             let mut i = 7;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 i = (i * 7919 + 13) % docs_total;
@@ -167,10 +174,15 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
                     panic!("document {i}: no tier")
                 };
                 assert_eq!((tier - base) % 10, 0, "document {i}: tier {tier}");
-                reads += 1;
+                reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(READ_PACE_MS)).await;
             }
-            reads
         })
+    };
+    let read_while = |phase: &'static str, before: usize| {
+        let now = reads.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(now > before, "no document was read while {phase}");
+        now
     };
 
     // Start, kill it halfway, resume.
@@ -206,6 +218,7 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     }
     child.kill().unwrap();
     let _ = child.wait();
+    read_while("the migration ran, before it was killed", 0);
     let halfway = state.find_one(doc! {"_id": id}).await.unwrap().unwrap();
     assert!(!halfway.get_bool("done").unwrap());
     // Partly migrated: queries on tokenized names match both forms, and
@@ -376,8 +389,10 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     );
     via.delete_one(doc! {"_id": new_id}).await.unwrap();
 
+    let read = reads.load(std::sync::atomic::Ordering::Relaxed);
     let said = common::run_ok(migrate_command(&[])).await;
     assert!(said.contains("indexes rebuilt: customer_name_1"), "{said}");
+    let read = read_while("the migration resumed", read);
 
     // Every document stored with tokens; queries on tokenized names find
     // them, with the rebuilt index.
@@ -398,11 +413,12 @@ async fn a_collection_migrates_under_load_resumes_after_a_kill_and_reverses_byte
     // through the proxy: during and after `--reverse`, proxies store the
     // collection's writes with full names.
     common::run_ok(migrate_command(&["--reverse"])).await;
+    read_while("the migration reversed", read);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (inserted, bumped) = writer.await.unwrap();
-    let reads = reader.await.unwrap();
-    assert!(inserted > 0 && !bumped.is_empty() && reads > 0);
+    reader.await.unwrap();
+    assert!(inserted > 0 && !bumped.is_empty());
 
     // Every document exactly once, reading back as written through the
     // proxy, and stored as the original bytes: the documents inserted
