@@ -22,7 +22,9 @@
 //! dotted key; for the tokenization, no value path in the policy.
 
 use super::expand::raw::scalars;
-use crate::rewrite::walker::{elements, value_len, Full, Slab, MAX_DEPTH};
+use crate::rewrite::walker::{
+    elements, length_rule, value_len_by, Elements, Full, Slab, MAX_DEPTH,
+};
 use crate::token::namespace::{starts_token, value_number, ESCAPE, VALUE_SUBTYPE};
 use crate::token::Names;
 
@@ -65,8 +67,14 @@ struct Op {
     /// as one word, under `mask`.
     word: u64,
     mask: u64,
+    /// Its type, and how its value's length is read ([`length_rule`]).
+    kind: u8,
+    rule: u8,
     /// The header it becomes, in [`Batch::bytes`]; `None`: the same.
     becomes: Option<(u32, u32)>,
+    /// That header's bytes, if it is no longer than sixteen: written
+    /// in one move.
+    short: [u8; 16],
 }
 
 /// The layout of the last document learned from one batch (the documents
@@ -135,14 +143,56 @@ impl Batch {
         if !self.ready() {
             return Ok(None);
         }
-        let mut out = Slab { buf, pos };
-        if self.doc(doc, names, 0, &mut out)?.is_some() {
+        if let Some((_, end)) = self.doc(doc, names, 0, (buf, pos))? {
             self.hits += 1;
-            Ok(Some(out.pos))
+            Ok(Some(end))
         } else {
             self.misses += 1;
             Ok(None)
         }
+    }
+
+    /// Follows the layout through the documents of an array (a cursor's
+    /// batch) from the next of `items`, as long as each is a document that
+    /// has it, writing each as [`Batch::follow`] does, after its header
+    /// (type, index, NUL) as it is: where the output ends. `items` is left
+    /// at the first element that is not followed (not a document, or one
+    /// of another layout, or nothing is learned), for the walk. One loop
+    /// for the batch rather than one walk of its array calling
+    /// [`Batch::follow`] for each document: most of a cursor read's
+    /// documents are followed.
+    pub fn follow_run<N: Names + ?Sized>(
+        &mut self,
+        items: &mut Elements<'_>,
+        names: &N,
+        (buf, mut pos): (&mut [u8], usize),
+    ) -> Result<usize, Full> {
+        while self.ready() {
+            let mut next = items.clone();
+            let Some(Ok(e)) = next.next() else {
+                break;
+            };
+            if e.kind != 0x03 {
+                break;
+            }
+            let mut out = Slab {
+                buf: &mut *buf,
+                pos,
+            };
+            out.put(&e.raw[..e.raw.len() - e.value.len()])?;
+            match self.doc(e.value, names, 0, (out.buf, out.pos))? {
+                Some((_, end)) => {
+                    self.hits += 1;
+                    pos = end;
+                    *items = next;
+                }
+                None => {
+                    self.misses += 1;
+                    break;
+                }
+            }
+        }
+        Ok(pos)
     }
 
     /// Keeps the layout of `doc`, a document of the batch at `depth` that
@@ -291,16 +341,25 @@ impl Batch {
             8.. => u64::MAX,
             n => (1u64 << (8 * n)) - 1,
         };
-        if let Some((_, len)) = becomes {
-            self.growth += (len as usize).saturating_sub(header.len());
+        let mut short = [0u8; 16];
+        if let Some(b) = becomes {
+            self.growth += (b.1 as usize).saturating_sub(header.len());
+            let b = self.bytes(b);
+            if let Some(to) = short.get_mut(..b.len()) {
+                to.copy_from_slice(b);
+            }
         }
-        let header = self.keep(&[header]);
+        let kind = header.first().copied().unwrap_or(0);
+        let at = self.keep(&[header]);
         self.ops.push(Op {
             step,
-            header,
+            header: at,
             word: u64::from_le_bytes(first),
             mask,
+            kind,
+            rule: length_rule(kind),
             becomes,
+            short,
         });
     }
 
@@ -310,19 +369,22 @@ impl Batch {
     }
 
     /// Follows the steps from `ops[at]` through `doc`, writing what the
-    /// walk would: where the steps after its [`Step::End`] start. `None`
-    /// where `doc` parts from them.
+    /// walk would into `buf` from `pos`: where the steps after its
+    /// [`Step::End`] start, and where the output ends. `None` where `doc`
+    /// parts from them. (The output is a local [`Slab`], not the caller's:
+    /// where it ends stays in a register.)
     fn doc<N: Names + ?Sized>(
         &self,
         doc: &[u8],
         names: &N,
         mut at: usize,
-        out: &mut Slab<'_>,
-    ) -> Result<Option<usize>, Full> {
+        (buf, pos): (&mut [u8], usize),
+    ) -> Result<Option<(usize, usize)>, Full> {
         if doc.len() < 5 {
             return Ok(None);
         }
         let end = doc.len() - 1;
+        let mut out = Slab { buf, pos };
         let start = out.begin()?;
         // `doc[..copied]` is in `out` already, as in the walk.
         let (mut copied, mut el) = (4, 4);
@@ -334,52 +396,40 @@ impl Batch {
             if op.step == Step::End {
                 break;
             }
-            let n = op.header.1 as usize;
+            let value_at = el + op.header.1 as usize;
             // The header, and its NUL, before the document's own NUL.
-            if el + n > end || !self.same(op, doc, el) {
+            let Some(rest) = doc.get(value_at..end) else {
+                return Ok(None);
+            };
+            if !self.same(op, doc, el) {
                 return Ok(None);
             }
-            let value_at = el + n;
-            let Ok(len) = value_len(doc[el], &doc[value_at..end]) else {
+            let Ok(len) = value_len_by(op.rule, op.kind, rest) else {
                 return Ok(None);
             };
             let value = &doc[value_at..value_at + len];
             match op.step {
-                Step::Binary if value.get(4) == Some(&VALUE_SUBTYPE) => return Ok(None),
+                Step::Copy => {}
                 Step::Scalars if !scalars(value) => return Ok(None),
-                Step::Value => {
-                    let token = match value.get(4) {
-                        Some(&VALUE_SUBTYPE) => value.get(5..).and_then(value_number),
-                        _ => None,
-                    };
-                    let Some(v) = token.and_then(|n| names.value(n)) else {
-                        return Ok(None);
-                    };
-                    let Some(l) = op.becomes else {
-                        return Ok(None);
-                    };
-                    self.rename(l, &doc[copied..el], out)?;
-                    out.string_value(v)?;
-                    copied = value_at + len;
-                }
-                Step::Into => {
-                    match op.becomes {
-                        None => out.put(&doc[copied..value_at])?,
-                        Some(l) => self.rename(l, &doc[copied..el], out)?,
-                    }
-                    match self.doc(value, names, at, out)? {
+                Step::Binary if value.get(4) == Some(&VALUE_SUBTYPE) => return Ok(None),
+                Step::Scalars | Step::Binary => {}
+                // Written whole, apart: the loop keeps to what most
+                // elements need.
+                Step::Value | Step::Into | Step::End => {
+                    let run = &doc[copied..el];
+                    match self.whole(op, run, &doc[el..value_at], value, names, at, &mut out)? {
                         Some(next) => at = next,
                         None => return Ok(None),
                     }
                     copied = value_at + len;
+                    el = copied;
+                    continue;
                 }
-                // Copied as it is, under its name.
-                _ => {
-                    if let Some(l) = op.becomes {
-                        self.rename(l, &doc[copied..el], out)?;
-                        copied = value_at;
-                    }
-                }
+            }
+            // Copied as it is, under its name.
+            if op.becomes.is_some() {
+                self.rename(op, &doc[copied..el], &mut out)?;
+                copied = value_at;
             }
             el = value_at + len;
         }
@@ -389,14 +439,69 @@ impl Batch {
         }
         out.put(&doc[copied..end])?;
         out.finish(start)?;
-        Ok(Some(at))
+        Ok(Some((at, out.pos)))
     }
 
-    /// A run of bytes, then the header an element becomes.
+    /// Writes an element the loop of [`Batch::doc`] does not: a value
+    /// token's (`op` a [`Step::Value`]) or a document's or an array's gone
+    /// into ([`Step::Into`]), after `run`, the bytes before its `header`:
+    /// where the steps after it start. `None`: `value` parts from them.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn whole<N: Names + ?Sized>(
+        &self,
+        op: &Op,
+        run: &[u8],
+        header: &[u8],
+        value: &[u8],
+        names: &N,
+        at: usize,
+        out: &mut Slab<'_>,
+    ) -> Result<Option<usize>, Full> {
+        match op.step {
+            Step::Value => {
+                let token = match value.get(4) {
+                    Some(&VALUE_SUBTYPE) => value.get(5..).and_then(value_number),
+                    _ => None,
+                };
+                let Some(v) = token.and_then(|n| names.value(n)) else {
+                    return Ok(None);
+                };
+                if op.becomes.is_none() {
+                    return Ok(None);
+                }
+                self.rename(op, run, out)?;
+                out.string_value(v)?;
+                Ok(Some(at))
+            }
+            Step::Into => {
+                match op.becomes {
+                    None => {
+                        out.put(run)?;
+                        out.put(header)?;
+                    }
+                    Some(_) => self.rename(op, run, out)?,
+                }
+                let Some((next, pos)) = self.doc(value, names, at, (&mut *out.buf, out.pos))?
+                else {
+                    return Ok(None);
+                };
+                out.pos = pos;
+                Ok(Some(next))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A run of bytes, then the header `op`'s element becomes.
     #[inline(always)]
-    fn rename(&self, becomes: (u32, u32), run: &[u8], out: &mut Slab<'_>) -> Result<(), Full> {
+    fn rename(&self, op: &Op, run: &[u8], out: &mut Slab<'_>) -> Result<(), Full> {
         out.put(run)?;
-        out.put(self.bytes(becomes))
+        match op.becomes {
+            Some((_, len)) if len <= 16 => out.put_short(&op.short, len as usize),
+            Some(becomes) => out.put(self.bytes(becomes)),
+            None => Ok(()),
+        }
     }
 
     /// Whether the header of `op` is at `doc[at..]`, which holds it.
@@ -689,6 +794,48 @@ mod tests {
         run(&reply(docs), &dict, &mut batch).unwrap();
         assert_eq!((batch.hits, batch.learned), (0, 2));
         assert!(batch.misses <= 5, "{}", batch.misses);
+    }
+
+    /// A batch's array that holds something besides documents (no server
+    /// sends one, a reply crafted to may) is expanded as the walk expands
+    /// it, wherever that thing is, and each unknown token is reported once,
+    /// as the walk reports it, though the documents before it were
+    /// followed, walked or learned from first.
+    #[test]
+    fn a_batch_of_documents_and_other_values_is_expanded_as_the_walk_expands_it() {
+        let dict = dictionary();
+        let unknown = unknown_token(&dict);
+        let docs: Vec<Bson> = (0..12)
+            .map(|i| {
+                let (mut stored, _) = user(&dict, i);
+                if i == 4 {
+                    stored.insert(&unknown, 1);
+                }
+                Bson::Document(stored)
+            })
+            .collect();
+        let others = [
+            Bson::Int32(7),
+            value_token(1),
+            value_token(3),
+            bson::bson!([{token(&dict, 1): 1}]),
+        ];
+        for other in others {
+            for at in [0, 1, 6, 12] {
+                let mut batch = docs.clone();
+                batch.insert(at, other.clone());
+                let raw = bytes(doc! {
+                    "cursor": {"firstBatch": batch, "id": 0i64, "ns": "d.c"},
+                    "ok": 1.0,
+                });
+                let (by_layout, walked, _) = both(&raw, &dict);
+                assert_eq!(by_layout, walked, "{other:?} at {at}");
+                let Err(lacked) = walked else {
+                    panic!("{other:?} at {at}: the unknown token is not reported");
+                };
+                assert_eq!(lacked.names.len(), 1, "{other:?} at {at}: {lacked:?}");
+            }
+        }
     }
 
     /// A reply of one document (a `find_one`'s) walks it and learns

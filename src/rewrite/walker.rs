@@ -143,6 +143,7 @@ impl Fields for bson::RawDocument {
 }
 
 /// The elements of one document (or array), given with its length prefix.
+#[derive(Clone)]
 pub struct Elements<'a> {
     doc: &'a [u8],
     at: usize,
@@ -212,7 +213,7 @@ impl<'a> Iterator for Elements<'a> {
 /// The position of the first NUL: keys are short, so eight bytes at a time
 /// for the first 32 (one word test each), then `memchr`.
 #[inline(always)]
-fn nul_at(b: &[u8]) -> Option<usize> {
+pub(crate) fn nul_at(b: &[u8]) -> Option<usize> {
     const LOW: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let mut at = 0;
@@ -293,7 +294,20 @@ const OTHER: u8 = 0x7F;
 /// word) is decided by [`checked_len`].
 #[inline(always)]
 pub fn value_len(kind: u8, rest: &[u8]) -> Result<usize, Malformed> {
-    let t = LENGTHS[usize::from(kind)];
+    value_len_by(length_rule(kind), kind, rest)
+}
+
+/// How [`value_len`] reads the length of a value of type `kind`: kept by
+/// a rewriter that meets the same type again and again (a layout's step),
+/// for [`value_len_by`].
+#[inline(always)]
+pub fn length_rule(kind: u8) -> u8 {
+    LENGTHS[usize::from(kind)]
+}
+
+/// [`value_len`] by the [`length_rule`] of `kind`.
+#[inline(always)]
+pub fn value_len_by(t: u8, kind: u8, rest: &[u8]) -> Result<usize, Malformed> {
     if let Some(word) = rest.first_chunk::<4>() {
         let word = i32::from_le_bytes(*word);
         let prefixed = t & PREFIXED != 0;
@@ -532,6 +546,25 @@ impl Slab<'_> {
         }
         self.pos = end;
         Ok(())
+    }
+
+    /// Appends `bytes[..len]` (a header of at most sixteen bytes): all
+    /// sixteen in one move where the slab has room for them, the bytes
+    /// past `len` to be written over or cut off.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub fn put_short(&mut self, bytes: &[u8; 16], len: usize) -> Result<(), Full> {
+        let to = self
+            .buf
+            .get_mut(self.pos..)
+            .and_then(|b| b.first_chunk_mut::<16>());
+        match to {
+            Some(to) if len <= 16 => {
+                *to = *bytes;
+                self.pos += len;
+                Ok(())
+            }
+            _ => self.put(&bytes[..len.min(16)]),
+        }
     }
 
     /// Bytes and their NUL (a key).

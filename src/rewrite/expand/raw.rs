@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::{Strings, Unknown};
 use crate::rewrite::batch::{self, Batch};
 use crate::rewrite::walker::{
-    as_str, descend, elements, string_of, Element, Full, Malformed, Renamed, Slab,
+    as_str, descend, elements, nul_at, string_of, value_len, Element, Full, Malformed, Renamed,
+    Slab,
 };
 use crate::token::namespace::{any_part_reserved, starts_token, value_number, VALUE_SUBTYPE};
 use crate::token::Names;
@@ -241,6 +242,15 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         };
         let mut out = Slab { buf, pos };
         let names = self.names;
+        // The array of a cursor's batch, if it holds only documents.
+        if is_array
+            && (DATA || (strings == Strings::Data && !envelope))
+            && self.batch.claims(depth + 1)
+        {
+            if let Some(end) = self.batch_docs(doc, (&mut *out.buf, out.pos), depth)? {
+                return Ok(end);
+            }
+        }
         let start = out.begin()?;
         // `doc[..copied]` is in `out` already (its length prefix written anew).
         let mut copied = 4;
@@ -335,11 +345,56 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         Ok(out.pos)
     }
 
+    /// Expands `array`, the array of a cursor's batch, as [`Expander::doc`]
+    /// would if it holds only documents: as many in a row as have the
+    /// layout of the last are followed by it ([`Batch::follow_run`]), the
+    /// first that does not is walked (and learned from, see
+    /// [`Expander::data`]), and so on. `None`: it holds something else (the
+    /// server's batches never do), for the walk of the whole array to
+    /// expand it, and what the documents before it lacked is forgotten
+    /// (the walk finds it again). A loop of its own, apart from the walk
+    /// of every other array.
+    #[inline(never)]
+    fn batch_docs(
+        &mut self,
+        array: &[u8],
+        (buf, pos): (&mut [u8], usize),
+        depth: usize,
+    ) -> Result<Option<usize>, Stop> {
+        let (names_known, values_known) = (self.unknown.names.len(), self.unknown.values.len());
+        let mut out = Slab { buf, pos };
+        let start = out.begin()?;
+        let mut items = elements(array);
+        loop {
+            if self.batch.ready() {
+                out.pos =
+                    self.batch
+                        .follow_run(&mut items, self.names, (&mut *out.buf, out.pos))?;
+            }
+            let Some(e) = items.next() else {
+                break;
+            };
+            let e = e?;
+            if e.kind != 0x03 {
+                self.unknown.names.truncate(names_known);
+                self.unknown.values.truncate(values_known);
+                return Ok(None);
+            }
+            out.put(&array[e.at..e.value_at()])?;
+            let item = Some(e.end() + 1 < array.len());
+            let (buf, depth) = ((&mut *out.buf, out.pos), descend(depth)?);
+            out.pos = self.data(e.value, false, item, buf, depth)?;
+        }
+        out.finish(start)?;
+        Ok(Some(out.pos))
+    }
+
     /// Expands a document or an array of the user's data. A document
     /// of an array (a batch's: `item`, `Some` of whether another follows
-    /// it) is expanded by the layout of the last one where it has it
-    /// ([`Batch`]); if not, it is walked, and its layout may be kept for
-    /// the next (if there is one: a reply of one document learns nothing).
+    /// it) comes here when the layout of the last one did not fit it (the
+    /// walk of the batch's array tried it, [`Batch::follow_run`]): it is
+    /// walked, and its layout may be kept for the next (if there is one:
+    /// a reply of one document learns nothing).
     #[inline(always)]
     fn data(
         &mut self,
@@ -352,9 +407,6 @@ impl<'a, N: Names + ?Sized> Expander<'a, N> {
         let Some(more) = item.filter(|_| self.batch.claims(depth)) else {
             return self.doc::<true>(doc, is_array, Strings::Data, false, (buf, pos), depth);
         };
-        if let Some(end) = self.batch.follow(doc, self.names, (&mut *buf, pos))? {
-            return Ok(end);
-        }
         let end = self.doc::<true>(doc, false, Strings::Data, false, (buf, pos), depth)?;
         if more {
             self.batch.learn(doc, depth, self.names);
@@ -432,17 +484,30 @@ fn rename(
 /// document, array or value token (and nothing malformed). Inlined into
 /// the walk of a document in a release build: 4% less time to expand the
 /// benchmark's cursor batch, whose documents each hold an array of strings.
+/// Its own loop rather than [`elements`]: only the type and the length
+/// of each value count, and an array's keys are short (its indexes).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(crate) fn scalars(array: &[u8]) -> bool {
-    // A loop, not `all`: the closure's `try_fold` was left a call of its
-    // own, apart from the walk.
-    for e in elements(array) {
-        match e {
-            Ok(e) => match e.kind {
-                0x03 | 0x04 => return false,
-                0x05 if e.value.get(4) == Some(&VALUE_SUBTYPE) => return false,
-                _ => {}
+    let end = array.len().saturating_sub(1);
+    let mut at = 4;
+    while at < end {
+        let kind = array[at];
+        let nul = match &array[at + 1..end] {
+            [k, 0, ..] if *k != 0 => 1,
+            [a, b, 0, ..] if *a != 0 && *b != 0 => 2,
+            key => match nul_at(key) {
+                Some(nul) => nul,
+                None => return false,
             },
+        };
+        let value_at = at + nul + 2;
+        match kind {
+            0x03 | 0x04 => return false,
+            0x05 if array.get(value_at + 4) == Some(&VALUE_SUBTYPE) => return false,
+            _ => {}
+        }
+        match value_len(kind, &array[value_at..end]) {
+            Ok(len) => at = value_at + len,
             Err(_) => return false,
         }
     }
