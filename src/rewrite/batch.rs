@@ -143,13 +143,23 @@ impl Batch {
         if !self.ready() {
             return Ok(None);
         }
-        if let Some((_, end)) = self.doc(doc, names, 0, (buf, pos))? {
-            self.hits += 1;
-            Ok(Some(end))
-        } else {
-            self.misses += 1;
-            Ok(None)
+        self.tried(doc, names, (buf, pos))
+    }
+
+    /// [`Batch::doc`] from the first step, counted as a hit or a miss.
+    #[inline(always)]
+    fn tried<N: Names + ?Sized>(
+        &mut self,
+        doc: &[u8],
+        names: &N,
+        out: (&mut [u8], usize),
+    ) -> Result<Option<usize>, Full> {
+        let followed = self.doc(doc, names, 0, out)?.map(|(_, end)| end);
+        match followed {
+            Some(_) => self.hits += 1,
+            None => self.misses += 1,
         }
+        Ok(followed)
     }
 
     /// Follows the layout through the documents of an array (a cursor's
@@ -180,17 +190,11 @@ impl Batch {
                 pos,
             };
             out.put(&e.raw[..e.raw.len() - e.value.len()])?;
-            match self.doc(e.value, names, 0, (out.buf, out.pos))? {
-                Some((_, end)) => {
-                    self.hits += 1;
-                    pos = end;
-                    *items = next;
-                }
-                None => {
-                    self.misses += 1;
-                    break;
-                }
-            }
+            let Some(end) = self.tried(e.value, names, (out.buf, out.pos))? else {
+                break;
+            };
+            pos = end;
+            *items = next;
         }
         Ok(pos)
     }
