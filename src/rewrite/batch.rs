@@ -178,19 +178,15 @@ impl Batch {
         (buf, mut pos): (&mut [u8], usize),
     ) -> Result<usize, Full> {
         while self.ready() {
-            let mut next = items.clone();
-            let Some(Ok(e)) = next.next() else {
+            let Some((header, doc, next)) = items.document() else {
                 break;
             };
-            if e.kind != 0x03 {
-                break;
-            }
             let mut out = Slab {
                 buf: &mut *buf,
                 pos,
             };
-            out.put(&e.raw[..e.raw.len() - e.value.len()])?;
-            let Some(end) = self.tried(e.value, names, (out.buf, out.pos))? else {
+            out.put(header)?;
+            let Some(end) = self.tried(doc, names, (out.buf, out.pos))? else {
                 break;
             };
             pos = end;
@@ -388,8 +384,15 @@ impl Batch {
             return Ok(None);
         }
         let end = doc.len() - 1;
-        let mut out = Slab { buf, pos };
-        let start = out.begin()?;
+        // Where the output ends is a local, not a field of a [`Slab`] lent
+        // out: it stays in a register through the loop.
+        let (start, mut pos) = {
+            let mut out = Slab {
+                buf: &mut *buf,
+                pos,
+            };
+            (out.begin()?, out.pos)
+        };
         // `doc[..copied]` is in `out` already, as in the walk.
         let (mut copied, mut el) = (4, 4);
         loop {
@@ -411,7 +414,7 @@ impl Batch {
             let Ok(len) = value_len_by(op.rule, op.kind, rest) else {
                 return Ok(None);
             };
-            let value = &doc[value_at..value_at + len];
+            let value = &rest[..len];
             match op.step {
                 Step::Copy => {}
                 Step::Scalars if !scalars(value) => return Ok(None),
@@ -421,8 +424,12 @@ impl Batch {
                 // elements need.
                 Step::Value | Step::Into | Step::End => {
                     let run = &doc[copied..el];
-                    match self.whole(op, run, &doc[el..value_at], value, names, at, &mut out)? {
-                        Some(next) => at = next,
+                    let out = Slab {
+                        buf: &mut *buf,
+                        pos,
+                    };
+                    match self.whole(op, run, &doc[el..value_at], value, names, at, out)? {
+                        Some((next, end)) => (at, pos) = (next, end),
                         None => return Ok(None),
                     }
                     copied = value_at + len;
@@ -432,8 +439,12 @@ impl Batch {
             }
             // Copied as it is, under its name.
             if op.becomes.is_some() {
+                let mut out = Slab {
+                    buf: &mut *buf,
+                    pos,
+                };
                 self.rename(op, &doc[copied..el], &mut out)?;
-                copied = value_at;
+                (pos, copied) = (out.pos, value_at);
             }
             el = value_at + len;
         }
@@ -441,6 +452,7 @@ impl Batch {
         if el != end {
             return Ok(None);
         }
+        let mut out = Slab { buf, pos };
         out.put(&doc[copied..end])?;
         out.finish(start)?;
         Ok(Some((at, out.pos)))
@@ -449,7 +461,8 @@ impl Batch {
     /// Writes an element the loop of [`Batch::doc`] does not: a value
     /// token's (`op` a [`Step::Value`]) or a document's or an array's gone
     /// into ([`Step::Into`]), after `run`, the bytes before its `header`:
-    /// where the steps after it start. `None`: `value` parts from them.
+    /// where the steps after it start, and where the output ends. `None`:
+    /// `value` parts from them.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn whole<N: Names + ?Sized>(
@@ -460,8 +473,8 @@ impl Batch {
         value: &[u8],
         names: &N,
         at: usize,
-        out: &mut Slab<'_>,
-    ) -> Result<Option<usize>, Full> {
+        mut out: Slab<'_>,
+    ) -> Result<Option<(usize, usize)>, Full> {
         match op.step {
             Step::Value => {
                 let token = match value.get(4) {
@@ -474,9 +487,9 @@ impl Batch {
                 if op.becomes.is_none() {
                     return Ok(None);
                 }
-                self.rename(op, run, out)?;
+                self.rename(op, run, &mut out)?;
                 out.string_value(v)?;
-                Ok(Some(at))
+                Ok(Some((at, out.pos)))
             }
             Step::Into => {
                 match op.becomes {
@@ -484,14 +497,9 @@ impl Batch {
                         out.put(run)?;
                         out.put(header)?;
                     }
-                    Some(_) => self.rename(op, run, out)?,
+                    Some(_) => self.rename(op, run, &mut out)?,
                 }
-                let Some((next, pos)) = self.doc(value, names, at, (&mut *out.buf, out.pos))?
-                else {
-                    return Ok(None);
-                };
-                out.pos = pos;
-                Ok(Some(next))
+                self.doc(value, names, at, (out.buf, out.pos))
             }
             _ => Ok(None),
         }
