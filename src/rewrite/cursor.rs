@@ -430,12 +430,16 @@ pub fn kind_of_unknown(
     body: &RawDocument,
     documents: &CursorKind,
 ) -> Result<CursorKind, ProxyError> {
-    let Ok(cursor) = body.get_document("cursor") else {
+    // Read with the walker: the bson crate's getters check every element
+    // they pass, and this reads every reply to a `getMore` of a cursor the
+    // proxy did not record, which includes every cursor of documents (only
+    // the others' kinds are recorded when they open).
+    let Some(cursor) = body.doc_field("cursor") else {
         return Ok(documents.clone());
     };
-    let ns = cursor.get_str("ns").unwrap_or_default();
+    let ns = cursor.str_field("ns").unwrap_or_default();
     let kind = |strings, expand| CursorKind { strings, expand };
-    if cursor.get("postBatchResumeToken").ok().flatten().is_some() {
+    if cursor.field("postBatchResumeToken").is_some() {
         return Ok(match ns {
             "admin.$cmd.aggregate" => kind(Strings::Events, Some(Expansion::PerEvent)),
             _ => kind(Strings::Events, documents.expand.clone()),
@@ -445,7 +449,7 @@ pub fn kind_of_unknown(
         return Ok(kind(Strings::Paths, documents.expand.clone()));
     }
     if ns == "admin.$cmd.bulkWrite" {
-        let id = cursor.get_i64("id").unwrap_or_default();
+        let id = cursor.field("id").and_then(|e| e.i64()).unwrap_or_default();
         return Err(ProxyError::Unsupported(format!(
             "getMore of bulkWrite cursor {id}, which was opened through another proxy or before this one restarted: its results cannot be read without the bulkWrite; read them through the proxy that ran it"
         )));
