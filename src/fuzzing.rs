@@ -43,12 +43,42 @@ fn policy() -> Policy {
 }
 
 /// The walker accepts or refuses any bytes; what it accepts it copies
-/// byte for byte.
+/// byte for byte, and the reader of a batch's documents reads them as the
+/// element iterator does.
 pub fn walker(data: &[u8]) {
     if walker::validate(data).is_ok() {
         let mut out = Vec::new();
         walker::copy(data, &mut out).expect("a validated document copies");
         assert_eq!(out, data);
+    }
+    documents_as_elements(data);
+}
+
+/// Reads `data`'s elements with [`walker::Elements::document`] and the
+/// element iterator side by side, from each element to the next: the
+/// former reads a document as the latter does (header, value, where the
+/// next element starts) and passes over only what is not a document of
+/// five bytes or more. How many documents it read.
+pub fn documents_as_elements(data: &[u8]) -> usize {
+    let (mut items, mut documents) = (walker::elements(data), 0);
+    loop {
+        let fast = items.document();
+        let read = items.next();
+        match (fast, &read) {
+            (Some((header, value, rest)), Some(Ok(e))) => {
+                assert_eq!(e.kind, 0x03);
+                assert_eq!(header, &e.raw[..e.raw.len() - e.value.len()]);
+                assert_eq!(value, e.value);
+                assert_eq!(rest.position(), items.position());
+                documents += 1;
+            }
+            (Some(_), _) => panic!("a document the element iterator does not read"),
+            (None, Some(Ok(e))) => assert!(e.kind != 0x03 || e.value.len() < 5),
+            (None, _) => {}
+        }
+        if !matches!(read, Some(Ok(_))) {
+            return documents;
+        }
     }
 }
 
