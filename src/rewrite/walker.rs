@@ -143,7 +143,6 @@ impl Fields for bson::RawDocument {
 }
 
 /// The elements of one document (or array), given with its length prefix.
-#[derive(Clone)]
 pub struct Elements<'a> {
     doc: &'a [u8],
     at: usize,
