@@ -24,7 +24,7 @@ use futures::TryStreamExt;
 use mongodb::{Client, Collection};
 
 use crate::upstream::UpstreamAddr;
-use process::{cpu_time, Laconic};
+use process::{cpu_ticks, cpu_time, Laconic};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -85,6 +85,8 @@ pub struct Measurement {
     /// The proxy's CPU µs per operation in each round, in the order the
     /// rounds ran.
     pub per_round: Vec<Option<f64>>,
+    /// The proxy's user and system time over the case, in clock ticks.
+    pub ticks: Option<(u64, u64)>,
 }
 
 /// The latencies of one timed run.
@@ -93,12 +95,17 @@ struct Sample {
     latencies: Vec<Duration>,
     elapsed: Duration,
     cpu: Option<Duration>,
+    ticks: Option<(u64, u64)>,
 }
 
 impl Measurement {
     fn from_samples(samples: Vec<Sample>) -> Measurement {
         let elapsed = samples.iter().map(|s| s.elapsed).sum();
         let cpu = samples.iter().map(|s| s.cpu).sum();
+        let ticks = samples
+            .iter()
+            .map(|s| s.ticks)
+            .try_fold((0, 0), |(u, k), t| t.map(|(tu, tk)| (u + tu, k + tk)));
         let per_round = samples
             .iter()
             .map(|s| s.cpu.map(|c| per_op(c, s.latencies.len())))
@@ -117,6 +124,16 @@ impl Measurement {
             p99: pct(0.99),
             cpu,
             per_round,
+            ticks,
+        }
+    }
+
+    /// The share of the proxy's CPU time spent in user space (its own
+    /// code, not the kernel's system calls), from clock ticks.
+    pub fn user_share(&self) -> Option<f64> {
+        match self.ticks? {
+            (0, 0) => None,
+            (user, system) => Some(user as f64 / (user + system) as f64),
         }
     }
 
@@ -208,6 +225,10 @@ struct Target {
 impl Target {
     fn cpu(&self) -> Option<Duration> {
         self.pid.and_then(cpu_time)
+    }
+
+    fn ticks(&self) -> Option<(u64, u64)> {
+        self.pid.and_then(cpu_ticks)
     }
 }
 
@@ -347,8 +368,8 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
 /// Every case, the targets taking turns in rotating rounds.
 async fn run_cases(args: &BenchArgs, targets: &[Target]) -> crate::tools::Result<Vec<Case>> {
     println!(
-        "{:<26} {:>3} {:<10} {:>10} {:>9} {:>9} {:>11}",
-        "operation", "c", "target", "ops/s", "p50 µs", "p99 µs", "CPU µs/op"
+        "{:<26} {:>3} {:<10} {:>10} {:>9} {:>9} {:>11} {:>7}",
+        "operation", "c", "target", "ops/s", "p50 µs", "p99 µs", "CPU µs/op", "user"
     );
     let mut summary = Vec::new();
     let ops = Op::ALL.into_iter().filter(|op| {
@@ -370,14 +391,16 @@ async fn run_cases(args: &BenchArgs, targets: &[Target]) -> crate::tools::Result
             for (target, s) in targets.iter().zip(samples) {
                 let m = Measurement::from_samples(s);
                 println!(
-                    "{:<26} {:>3} {:<10} {:>10.0} {:>9} {:>9} {:>11}",
+                    "{:<26} {:>3} {:<10} {:>10.0} {:>9} {:>9} {:>11} {:>7}",
                     op.name(),
                     c,
                     target.name,
                     m.ops_per_sec(),
                     m.p50.as_micros(),
                     m.p99.as_micros(),
-                    m.cpu_per_op().map_or("-".into(), |c| format!("{c:.1}"))
+                    m.cpu_per_op().map_or("-".into(), |c| format!("{c:.1}")),
+                    m.user_share()
+                        .map_or("-".into(), |u| format!("{:.0}%", u * 100.0))
                 );
                 results.push((target.name, m));
             }
@@ -552,7 +575,7 @@ async fn measure(
     clients: usize,
     length: Duration,
 ) -> crate::tools::Result<Sample> {
-    let cpu_before = target.cpu();
+    let (cpu_before, ticks_before) = (target.cpu(), target.ticks());
     let start = Instant::now();
     let deadline = start + length;
     let coll = Arc::new(target.coll.clone());
@@ -628,10 +651,15 @@ async fn measure(
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
     };
+    let ticks = match (ticks_before, target.ticks()) {
+        (Some(a), Some(b)) => Some((b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))),
+        _ => None,
+    };
     Ok(Sample {
         latencies,
         elapsed,
         cpu,
+        ticks,
     })
 }
 
@@ -644,7 +672,28 @@ mod tests {
             latencies: vec![Duration::from_micros(100); ops],
             elapsed: Duration::from_secs(1),
             cpu: cpu_ms.map(Duration::from_millis),
+            ticks: cpu_ms.map(|ms| (ms / 10, 0)),
         }
+    }
+
+    #[test]
+    fn the_user_share_is_summed_over_the_rounds() {
+        let ticks = |t| Sample {
+            ticks: t,
+            ..round(10, Some(10))
+        };
+        // 30 + 10 ticks of user time, 10 + 30 of system time.
+        let m = Measurement::from_samples(vec![ticks(Some((30, 10))), ticks(Some((10, 30)))]);
+        assert_eq!(m.ticks, Some((40, 40)));
+        assert_eq!(m.user_share(), Some(0.5));
+        let m = Measurement::from_samples(vec![ticks(Some((3, 1))), ticks(Some((0, 0)))]);
+        assert_eq!(m.user_share(), Some(0.75));
+        // A round without a reading leaves the case without one.
+        let m = Measurement::from_samples(vec![ticks(Some((3, 1))), ticks(None)]);
+        assert_eq!(m.user_share(), None);
+        // Nor is there a share of no time at all.
+        let m = Measurement::from_samples(vec![ticks(Some((0, 0)))]);
+        assert_eq!(m.user_share(), None);
     }
 
     #[test]
