@@ -26,7 +26,7 @@ use crate::context::ProxyContext;
 use crate::error::{error_reply, ProxyError, Side};
 use crate::exchange::{Exchange, SessionState, Step};
 use crate::observe::{escaped, Leg as MetricLeg, Way};
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Shutdown, Watch};
 use crate::upstream::Leg;
 use crate::wire::{self, CodecError, Frame, FrameReader, MessageCodec, MsgFlags};
 
@@ -42,7 +42,8 @@ pub struct Session {
     upstream: Leg,
     state: SessionState,
     ctx: Arc<ProxyContext>,
-    shutdown: Shutdown,
+    /// Resolves once shutdown begins.
+    stopping: Watch,
     capture: Option<CaptureWriter>,
     next_local_id: i32,
     /// A request the driver sent while an exhaust stream was still
@@ -87,7 +88,7 @@ impl Session {
             state: SessionState::new(id),
             capture,
             ctx,
-            shutdown,
+            stopping: shutdown.watch(),
             next_local_id: 1,
             pipelined: None,
         }
@@ -243,7 +244,7 @@ impl Session {
         };
         let next = tokio::select! {
             biased;
-            _ = self.shutdown.triggered() => return Ok(None),
+            _ = &mut self.stopping => return Ok(None),
             next = next => next,
         };
         match next {
@@ -271,7 +272,7 @@ impl Session {
             // the stream's end.
             tokio::select! {
                 biased;
-                _ = self.shutdown.triggered() => return Ok(None),
+                _ = &mut self.stopping => return Ok(None),
                 from_driver = self.reader.next(self.downstream.get_mut(), &self.ctx.reading) => match from_driver {
                     None => return Ok(None),
                     Some(Err(e)) => return Err(downstream_error(e)),

@@ -18,6 +18,7 @@ mod heavy;
 mod migration;
 mod tokens;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,7 +32,7 @@ use crate::budget::Share;
 use crate::context::ProxyContext;
 use crate::error::{ProxyError, Side};
 use crate::observe::{Metrics, Shadow, Shadowed};
-use crate::rewrite::{self, LegState, ReplyPlan};
+use crate::rewrite::{self, catalogue, LegState, ReplyPlan};
 use crate::wire::{may_compress, Compressor, Frame, Message, MsgBody};
 use tokens::Gate;
 
@@ -71,7 +72,9 @@ pub struct Exchange {
     frame: Frame,
     /// The compressor the driver used; replies are compressed the same way.
     compressor: Option<Compressor>,
-    command: String,
+    /// Its name as the driver sent it: the catalogue's own string where
+    /// that is how it is spelled (no allocation for the usual commands).
+    command: Cow<'static, str>,
     plan: ReplyPlan,
     /// The logical read, kept for shadow mode's comparison.
     shadowed: Option<Frame>,
@@ -102,10 +105,15 @@ impl Exchange {
                 source: crate::wire::WireError::ReplyFromClient,
             });
         }
-        let command = frame.command_name().unwrap_or_default().to_owned();
+        let name = frame.command_name().unwrap_or_default();
+        let index = catalogue::index(name);
+        let command = match index.map(|i| catalogue::CATALOGUE[i].name) {
+            Some(listed) if listed == name => Cow::Borrowed(listed),
+            _ => Cow::Owned(name.to_owned()),
+        };
         let _timer = ctx.metrics.enabled().then(|| RequestTimer {
             metrics: ctx.metrics.clone(),
-            command: command.clone(),
+            command: index,
             started,
         });
         Ok(Exchange {
@@ -171,7 +179,7 @@ impl Exchange {
             // Who sends a command that may open or continue a cursor (the
             // hot writes open none).
             let writes = matches!(
-                self.command.as_str(),
+                self.command.as_ref(),
                 "insert" | "update" | "delete" | "findAndModify"
             );
             if ctx.rewrite.tokens.is_some() && !writes && !auth::is_authentication(&self.command) {
@@ -259,6 +267,13 @@ impl Exchange {
         dbs: &[String],
         (touched, into): (&[String], &[String]),
     ) -> Result<Option<Frame>, ProxyError> {
+        if ctx.rewrite.tokens.is_none() {
+            // No name store: nothing to give tokens, claim, record, convert
+            // or keep current; only hello and shard keys are rewritten.
+            let rewritten = self.rewrite(ctx, &state.legs, dbs).await?;
+            self.plan = rewritten.plan;
+            return Ok(rewritten.frame);
+        }
         let admitted = Instant::now();
         // The collections it names, read once.
         let named = match (&ctx.rewrite.tokens, self.frame.message()) {
@@ -399,7 +414,7 @@ impl Exchange {
         if let Some(m) = frame.op_msg() {
             let body = m.body();
             state.auth.observe(&self.command, body);
-            match self.command.as_str() {
+            match self.command.as_ref() {
                 "dropDatabase" => tokens::dropped(ctx, &self.frame),
                 "drop" | "renameCollection" => tokens::removed(ctx, &self.frame, &frame).await,
                 _ => {}
@@ -419,7 +434,7 @@ impl Exchange {
             ctx.cursors.alias(proxy, upstream, &self.owner);
         }
         if let (Some(&(proxy, _)), None, "getMore") =
-            (self.aliases.first(), &replied.held, self.command.as_str())
+            (self.aliases.first(), &replied.held, self.command.as_ref())
         {
             let len = frame.op_msg().map_or(0, |m| m.body().as_bytes().len());
             match cursor_id(&frame) {
@@ -517,13 +532,14 @@ fn compare(ctx: &ProxyContext, shadow: &Arc<Shadow>, command: &str, request: Fra
 /// Records a request's latency when its exchange ends, however it ends.
 struct RequestTimer {
     metrics: Arc<Metrics>,
-    command: String,
+    /// The command's place in the catalogue ([`catalogue::index`]).
+    command: Option<usize>,
     started: Instant,
 }
 
 impl Drop for RequestTimer {
     fn drop(&mut self) {
-        self.metrics.request(&self.command, self.started.elapsed());
+        self.metrics.request(self.command, self.started.elapsed());
     }
 }
 

@@ -138,9 +138,10 @@ pub struct Metrics {
     batches_cut: AtomicU64,
     connections_total: AtomicU64,
     connections_refused: AtomicU64,
-    /// Requests and their latency, by command name (catalogue names and
-    /// `other`).
-    requests: DashMap<&'static str, Histogram>,
+    /// Requests and their latency, by command: one histogram for each
+    /// entry of the catalogue, in its order, and the last for `other`.
+    /// Found by index, with neither a hash nor a lock per request.
+    requests: Box<[Histogram]>,
     /// [client in, client out, upstream in, upstream out]
     bytes: [AtomicU64; 4],
     /// Document bytes as the application sees them and as they are stored,
@@ -164,9 +165,10 @@ impl Default for Metrics {
     }
 }
 
-/// A command name as a label: the catalogue's spelling, or `other`.
-fn command_label(command: &str) -> &'static str {
-    catalogue::lookup(command).map_or("other", |e| e.name)
+/// The label of a command's histogram (by [`Metrics::requests`]' index):
+/// the catalogue's spelling, or `other`.
+fn command_label(index: usize) -> &'static str {
+    catalogue::CATALOGUE.get(index).map_or("other", |e| e.name)
 }
 
 /// Errors that `deploy/prometheus/laconic-alerts.yaml` alerts on, served
@@ -198,7 +200,9 @@ impl Metrics {
             batches_cut: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
-            requests: DashMap::new(),
+            requests: (0..=catalogue::CATALOGUE.len())
+                .map(|_| Histogram::default())
+                .collect(),
             bytes: Default::default(),
             documents: Default::default(),
             folded: AtomicU64::new(0),
@@ -238,16 +242,14 @@ impl Metrics {
         }
     }
 
-    pub fn request(&self, command: &str, took: Duration) {
+    /// A request answered after `took`; `command`: its command's place in
+    /// the catalogue ([`catalogue::index`]), `None` for one not listed.
+    pub fn request(&self, command: Option<usize>, took: Duration) {
         if self.off {
             return;
         }
-        let label = command_label(command);
-        // A command seen before, the common case, takes no write lock.
-        match self.requests.get(label) {
-            Some(h) => h.observe(took),
-            None => self.requests.entry(label).or_default().observe(took),
-        }
+        let other = self.requests.len() - 1;
+        self.requests[command.map_or(other, |i| i.min(other))].observe(took);
     }
 
     pub fn bytes(&self, leg: Leg, way: Way, n: usize) {
@@ -322,7 +324,10 @@ impl Metrics {
         if self.off {
             return;
         }
-        let entry = self.shadow.entry(command_label(command)).or_default();
+        let entry = self
+            .shadow
+            .entry(catalogue::lookup(command).map_or("other", |e| e.name))
+            .or_default();
         if outcome == Shadowed::Different {
             // A difference is a comparison too.
             entry[Shadowed::Same as usize].fetch_add(1, Relaxed);
@@ -457,12 +462,13 @@ impl Metrics {
             "histogram",
             "Requests by command: from reading the request to writing the last reply.",
         );
-        let mut commands: Vec<&'static str> = self.requests.iter().map(|e| *e.key()).collect();
-        commands.sort_unstable();
-        for c in &commands {
-            let Some(h) = self.requests.get(c) else {
-                continue;
-            };
+        // Those seen, by name.
+        let mut commands: Vec<(&'static str, &Histogram)> = (self.requests.iter().enumerate())
+            .filter(|(_, h)| h.count.load(Relaxed) > 0)
+            .map(|(i, h)| (command_label(i), h))
+            .collect();
+        commands.sort_unstable_by_key(|&(c, _)| c);
+        for &(c, h) in &commands {
             let mut below = 0;
             for (b, bound) in h.buckets.iter().zip(BUCKETS) {
                 below += b.load(Relaxed);
@@ -486,14 +492,12 @@ impl Metrics {
             "counter",
             "Requests by command.",
         );
-        for c in &commands {
-            if let Some(h) = self.requests.get(c) {
-                let _ = writeln!(
-                    out,
-                    "laconic_requests_total{{command=\"{c}\"}} {}",
-                    h.count.load(Relaxed)
-                );
-            }
+        for (c, h) in &commands {
+            let _ = writeln!(
+                out,
+                "laconic_requests_total{{command=\"{c}\"}} {}",
+                h.count.load(Relaxed)
+            );
         }
     }
 
@@ -717,13 +721,13 @@ mod tests {
         let m = Metrics::new(false);
         assert!(!m.enabled());
         m.connection_opened();
-        m.request("insert", Duration::from_micros(300));
+        m.request(catalogue::index("insert"), Duration::from_micros(300));
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported", Side::Downstream);
         m.store_round_trips(3);
         assert!(
-            m.requests.is_empty()
+            m.requests.iter().all(|h| h.count.load(Relaxed) == 0)
                 && m.documents.iter().all(DashMap::is_empty)
                 && m.errors.is_empty()
         );
@@ -740,9 +744,9 @@ mod tests {
     fn renders_counters_and_histograms() {
         let m = Metrics::default();
         m.connection_opened();
-        m.request("insert", Duration::from_micros(300));
-        m.request("insert", Duration::from_millis(20));
-        m.request("insert", Duration::from_secs(7));
+        m.request(catalogue::index("insert"), Duration::from_micros(300));
+        m.request(catalogue::index("insert"), Duration::from_millis(20));
+        m.request(catalogue::index("insert"), Duration::from_secs(7));
         m.bytes(Leg::Client, Way::In, 100);
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported", Side::Downstream);
@@ -788,7 +792,8 @@ mod tests {
     fn label_values_from_clients_stay_bounded() {
         let m = Metrics::with_cap(true, 10);
         for i in 0..20_000 {
-            m.request(&format!("cmd{i}\nINFO forged"), Duration::from_micros(5));
+            let forged = format!("cmd{i}\nINFO forged");
+            m.request(catalogue::index(&forged), Duration::from_micros(5));
             m.documents(&format!("db{i}.c"), "write", 10, 5);
         }
         let text = m.render(&[], Held::default(), Limits::default());

@@ -353,6 +353,12 @@ pub fn bulk_op_slots(kind: &str) -> &'static [Slot] {
 /// The entry of a command, by the name a driver sends (the lower-case
 /// spellings drivers still use included).
 pub fn lookup(name: &str) -> Option<&'static Entry> {
+    index(name).map(|i| &CATALOGUE[i])
+}
+
+/// Where [`lookup`]'s entry is in [`CATALOGUE`]: what a request keeps to
+/// find it again without another search.
+pub fn index(name: &str) -> Option<usize> {
     let name = match name {
         "findandmodify" => "findAndModify",
         "mapreduce" => "mapReduce",
@@ -361,7 +367,7 @@ pub fn lookup(name: &str) -> Option<&'static Entry> {
         "getlasterror" => "getLastError",
         other => other,
     };
-    CATALOGUE.iter().find(|e| e.name == name)
+    CATALOGUE.iter().position(|e| e.name == name)
 }
 
 #[cfg(test)]
@@ -377,6 +383,9 @@ mod tests {
         assert_eq!(names.len(), n);
         assert!(lookup("findandmodify").is_some_and(|e| e.name == "findAndModify"));
         assert!(lookup("noSuchCommand").is_none());
+        for (i, e) in CATALOGUE.iter().enumerate() {
+            assert_eq!(index(e.name), Some(i), "{}", e.name);
+        }
     }
 
     #[test]

@@ -367,6 +367,7 @@ pub async fn run(addr: &str, interval: Duration, once: bool) -> crate::tools::Re
 mod tests {
     use super::*;
     use crate::observe::{Leg, Metrics, Way};
+    use crate::rewrite::catalogue::index;
 
     #[test]
     fn reads_what_the_proxy_writes() {
@@ -374,12 +375,12 @@ mod tests {
         m.connection_opened();
         let before = Scrape::parse(&m.render(&[], Default::default(), Default::default()));
         for _ in 0..98 {
-            m.request("find", Duration::from_micros(400));
+            m.request(index("find"), Duration::from_micros(400));
         }
         for _ in 0..2 {
-            m.request("find", Duration::from_millis(30));
+            m.request(index("find"), Duration::from_millis(30));
         }
-        m.request("insert", Duration::from_millis(2));
+        m.request(index("insert"), Duration::from_millis(2));
         m.bytes(Leg::Client, Way::In, 4000);
         m.documents("app.users", "write", 1000, 600);
         m.error("CommandNotSupported", crate::error::Side::Downstream);

@@ -240,7 +240,8 @@ impl OpMsg {
 
         let mut r = Reader::new(&frame[..end]);
         r.take(HEADER_LEN + 4, "OP_MSG flags")?;
-        let mut sections = Vec::new();
+        // Most messages are one body: room for it from the start.
+        let mut sections = Vec::with_capacity(1);
         let mut bodies = 0;
         while !r.is_empty() {
             match r.u8("section kind")? {
