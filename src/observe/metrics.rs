@@ -165,10 +165,12 @@ impl Default for Metrics {
     }
 }
 
-/// The label of a command's histogram (by [`Metrics::requests`]' index):
+/// A command's label, by its place in the catalogue ([`catalogue::index`]):
 /// the catalogue's spelling, or `other`.
-fn command_label(index: usize) -> &'static str {
-    catalogue::CATALOGUE.get(index).map_or("other", |e| e.name)
+fn command_label(index: Option<usize>) -> &'static str {
+    index
+        .and_then(|i| catalogue::CATALOGUE.get(i))
+        .map_or("other", |e| e.name)
 }
 
 /// Errors that `deploy/prometheus/laconic-alerts.yaml` alerts on, served
@@ -326,7 +328,7 @@ impl Metrics {
         }
         let entry = self
             .shadow
-            .entry(catalogue::lookup(command).map_or("other", |e| e.name))
+            .entry(command_label(catalogue::index(command)))
             .or_default();
         if outcome == Shadowed::Different {
             // A difference is a comparison too.
@@ -465,7 +467,7 @@ impl Metrics {
         // Those seen, by name.
         let mut commands: Vec<(&'static str, &Histogram)> = (self.requests.iter().enumerate())
             .filter(|(_, h)| h.count.load(Relaxed) > 0)
-            .map(|(i, h)| (command_label(i), h))
+            .map(|(i, h)| (command_label(Some(i)), h))
             .collect();
         commands.sort_unstable_by_key(|&(c, _)| c);
         for &(c, h) in &commands {
