@@ -16,6 +16,8 @@
 # the scheduler, the three share every core, and where it places them
 # moves the one-client cases by up to a third from run to run (README,
 # Benchmarks).
+# LACONIC_BIN=PATH measures that build instead of target/release/laconic
+# (scripts/build-pgo.sh's, say), without building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rust=false
@@ -30,7 +32,10 @@ while true; do
   esac
 done
 bash scripts/setup.sh --with-relay
-cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
+laconic=${LACONIC_BIN:-./target/release/laconic}
+if [ -z "${LACONIC_BIN:-}" ]; then
+  cargo build --release --locked --bin laconic 2>&1 | tail -1 >&2
+fi
 
 source scripts/lib.sh
 
@@ -76,4 +81,4 @@ if $split; then
   pin=(taskset -c "$rest")
   echo "cpus: the upstream on 0, the benchmark on $rest" >&2
 fi
-"${pin[@]}" ./target/release/laconic bench proxy --upstream "mongodb://127.0.0.1:$port/" "${tls_args[@]}" "$@"
+"${pin[@]}" "$laconic" bench proxy --upstream "mongodb://127.0.0.1:$port/" "${tls_args[@]}" "$@"
