@@ -195,6 +195,40 @@ impl Batch {
         Ok(pos)
     }
 
+    /// [`Batch::follow_run`] for documents written back to back (a kind-1
+    /// sequence's): from the next of `docs`, as long as each has the
+    /// layout, each written as [`Batch::follow`] does, where the last one
+    /// ended. `docs` is left at the first not followed: one of another
+    /// layout (or none is learned), for the walk, or one whose rewrite may
+    /// not fit in `buf` (then `true`: the caller makes room and comes
+    /// back). Where the output ends.
+    pub fn follow_each<'d, N, D>(
+        &mut self,
+        docs: &mut D,
+        names: &N,
+        (buf, mut pos): (&mut [u8], usize),
+    ) -> (usize, bool)
+    where
+        N: Names + ?Sized,
+        D: Iterator<Item = &'d [u8]> + Clone,
+    {
+        while self.ready() {
+            let mut rest = docs.clone();
+            let Some(doc) = rest.next() else {
+                break;
+            };
+            if buf.len() < pos + doc.len() + self.growth {
+                return (pos, true);
+            }
+            match self.tried(doc, names, (&mut *buf, pos)) {
+                Ok(Some(end)) => (pos, *docs) = (end, rest),
+                // The room is there: a miss, for the walk.
+                Ok(None) | Err(Full) => break,
+            }
+        }
+        (pos, false)
+    }
+
     /// Keeps the layout of `doc`, a document of the batch at `depth` that
     /// the walk just expanded, if it has one worth keeping. A batch of many
     /// layouts is learned from a few times, then no more: a walk to learn

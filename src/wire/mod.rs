@@ -18,7 +18,7 @@ pub use codec::{send, CodecError, FrameReader, MessageCodec, Pace, UNSHARED_MESS
 pub use header::{Header, OpCode, HEADER_LEN, MAX_MESSAGE_SIZE};
 pub use legacy::{OpQuery, OpReply};
 pub use op_compressed::{may_compress, Compressor, OpCompressed};
-pub use op_msg::{DocumentSequence, MsgBody, MsgFlags, OpMsg, Section};
+pub use op_msg::{DocumentSequence, Documents, MsgBody, MsgFlags, OpMsg, Section};
 
 use std::sync::Arc;
 

@@ -89,6 +89,7 @@ impl DocumentSequence {
 }
 
 /// The documents of a [`DocumentSequence`].
+#[derive(Clone)]
 pub struct Documents<'a> {
     rest: &'a [u8],
 }

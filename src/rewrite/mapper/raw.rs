@@ -13,6 +13,7 @@ use crate::rewrite::walker::{
 };
 use crate::token::namespace::{escape, value_bytes, VALUE_SUBTYPE};
 use crate::token::{Names, Policy};
+use crate::wire::Documents;
 
 /// Tokenizes a stored-to-be document: keys in their scope, values at value
 /// paths as value tokens; everything else copied.
@@ -362,11 +363,7 @@ pub fn insert<N: Names + ?Sized>(
                 // One buffer for the whole batch, as it came.
                 let size = seq.bytes().len();
                 let mut stored = Vec::with_capacity(size + size / 4);
-                let mut batch = Inserted::new(policy, names);
-                let (mut docs, mut end) = (seq.documents().peekable(), 0);
-                while let Some(d) = docs.next() {
-                    end = batch.doc(d, docs.peek().is_some(), &mut stored, end)?;
-                }
+                let end = Inserted::new(policy, names).each(seq.documents(), &mut stored)?;
                 stored.truncate(end);
                 DocumentSequence::new(seq.identifier.clone(), bytes::Bytes::from(stored))
                     .map(Section::Sequence)
@@ -420,14 +417,7 @@ impl<'p: 'd, 'd, N: Names + ?Sized> Inserted<'p, 'd, N> {
         at: usize,
     ) -> Result<usize, Malformed> {
         if self.layout.ready() {
-            let room = at + doc.len() + self.layout.growth();
-            if out.len() < room {
-                // Twice as long at most, within what is allocated already:
-                // no more bytes zeroed than written, over the batch, and no
-                // more memory than pushing them would take.
-                let twice = (2 * out.len()).min(out.capacity());
-                out.resize(room.max(twice), 0);
-            }
+            self.room_for(doc, out, at);
             let followed = self
                 .layout
                 .follow(doc, self.tokenizer.names, (&mut out[..], at));
@@ -435,6 +425,58 @@ impl<'p: 'd, 'd, N: Names + ?Sized> Inserted<'p, 'd, N> {
                 return Ok(end);
             }
         }
+        self.walk(doc, more, out, at)
+    }
+
+    /// The documents of a kind-1 sequence, tokenized one after another
+    /// into `out` (from its start): where the last ends, as
+    /// [`Inserted::doc`] writes them. Those that have the layout of the
+    /// last one walked are followed in one loop ([`Batch::follow_each`]),
+    /// without a call and a test of the layout for each.
+    fn each(&mut self, mut docs: Documents<'d>, out: &mut Vec<u8>) -> Result<usize, Malformed> {
+        let mut at = 0;
+        loop {
+            if self.layout.ready() {
+                if let Some(doc) = docs.clone().next() {
+                    self.room_for(doc, out, at);
+                }
+                let names = self.tokenizer.names;
+                let (end, room) = self
+                    .layout
+                    .follow_each(&mut docs, names, (&mut out[..], at));
+                at = end;
+                if room {
+                    continue;
+                }
+            }
+            let Some(doc) = docs.next() else {
+                return Ok(at);
+            };
+            at = self.walk(doc, docs.clone().next().is_some(), out, at)?;
+        }
+    }
+
+    /// Makes `out` long enough for `doc` from `at` as the layout rewrites
+    /// it: twice as long at most, within what is allocated already (no
+    /// more bytes zeroed than written, over the batch, and no more memory
+    /// than pushing them would take).
+    fn room_for(&self, doc: &[u8], out: &mut Vec<u8>, at: usize) {
+        let room = at + doc.len() + self.layout.growth();
+        if out.len() < room {
+            let twice = (2 * out.len()).min(out.capacity());
+            out.resize(room.max(twice), 0);
+        }
+    }
+
+    /// [`Inserted::doc`] by the walk, learning the layout of `doc` if
+    /// `more` documents follow.
+    fn walk(
+        &mut self,
+        doc: &'d [u8],
+        more: bool,
+        out: &mut Vec<u8>,
+        at: usize,
+    ) -> Result<usize, Malformed> {
         out.truncate(at);
         let seen = Some(&mut self.seen);
         self.tokenizer
@@ -790,6 +832,55 @@ mod tests {
             );
             assert!(got[5].is_ok() && hits >= 2, "{at}");
         }
+    }
+
+    /// The documents of one insert's sequence, through [`Inserted::each`]
+    /// into an empty buffer: what they became, back to back, and how many
+    /// followed a layout.
+    fn each(
+        docs: &[Document],
+        policy: &Policy,
+        dict: &Dictionary,
+    ) -> (Result<Vec<u8>, Malformed>, usize) {
+        let raw: Vec<u8> = docs.iter().flat_map(|d| bson::to_vec(d).unwrap()).collect();
+        let seq = crate::wire::DocumentSequence::new("documents".into(), raw.into()).unwrap();
+        let mut batch = Inserted::new(policy, dict);
+        let mut out = Vec::new();
+        let got = batch
+            .each(seq.documents(), &mut out)
+            .map(|end| out[..end].to_vec());
+        (got, batch.layout.hits())
+    }
+
+    #[test]
+    fn a_sequence_is_followed_in_one_loop_as_each_document_alone() {
+        let policy = keys_only();
+        let dict = dictionary(&laid_out(1), &policy);
+        // One of another layout midway, then documents whose keys only grow
+        // (escaped ones): the output outgrows its room as the loop goes.
+        let mut docs: Vec<Document> = (0..30).map(laid_out).collect();
+        docs[12].insert("zzz_more", 1);
+        docs.extend((0..40).map(|n| doc! {"_id": n, "\u{1}a": n, "\u{1}b": n}));
+        let (got, hits) = each(&docs, &policy, &dict);
+        let alone: Vec<u8> = docs
+            .iter()
+            .flat_map(|d| {
+                bson::to_vec(&tokenize::document(d, &mut Vec::new(), &policy, &dict)).unwrap()
+            })
+            .collect();
+        assert_eq!(got.unwrap(), alone);
+        assert!(hits >= 60, "{hits} documents followed a layout");
+        // A value token's binary in a document of the layout is refused, as
+        // the walk refuses it.
+        let reserved = bson::Binary {
+            subtype: bson::spec::BinarySubtype::UserDefined(VALUE_SUBTYPE),
+            bytes: vec![1],
+        };
+        let mut docs: Vec<Document> = (0..6).map(laid_out).collect();
+        docs[4].insert("blob", reserved);
+        let (got, hits) = each(&docs, &policy, &dict);
+        assert!(matches!(got, Err(Malformed::Reserved)), "{got:?}");
+        assert_eq!(hits, 3);
     }
 
     #[test]
