@@ -40,15 +40,9 @@ fi
 source scripts/lib.sh
 
 if $rust; then
-  if [ ! -x .upstream/rs/bin/secantusd-rs ]; then
-    command -v cmake >/dev/null || apt-get install -y -qq cmake >/dev/null
-    cargo install --locked --ignore-rust-version --root .upstream/rs --version 0.5.3-beta.196 secantus-mdb
-  fi
-  .upstream/rs/bin/secantusd-rs --host 127.0.0.1 --port 0 --storage-path "$work/data" --cache-size 1G \
-    > "$work/up.out" 2>&1 &
-  until grep -q "listening on" "$work/up.out"; do sleep 0.1; done
-  port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$work/up.out" | head -1)
-  up_pid=$!
+  start_rust_upstream
+  port=$UPSTREAM_PORT
+  up_pid=$UP_PID
   echo "upstream: secantusd-rs on 127.0.0.1:$port" >&2
 else
   start_upstream

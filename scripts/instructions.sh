@@ -4,15 +4,23 @@
 # where CPU time per operation moves by more than the difference between
 # them (README, "Where the proxy's time goes"). The benchmark's operations,
 # with pymongo, through a pass-through and a tokenizing proxy in front of
-# the tests' SecantusDB; the count starts after a warm-up and is divided by
-# the operations run (a cursor read is 1,000 documents). Slow: the proxy
-# runs under valgrind, so a few minutes in all.
+# the tests' SecantusDB (or, with --rust-upstream, its Rust server, as in
+# scripts/bench.sh); the count starts after a warm-up and is divided by
+# the operations run (a cursor read is 1,000 documents). It takes in the
+# name store's refresh, once a second: the faster the upstream, the less
+# of it per operation. Slow: the proxy runs under valgrind, so a few
+# minutes in all.
 #
-#   scripts/instructions.sh                  # target/release/laconic, built first
-#   scripts/instructions.sh path/to/laconic  # another build, as it is
+#   scripts/instructions.sh [--rust-upstream]         # target/release/laconic, built first
+#   scripts/instructions.sh [--rust-upstream] BINARY  # another build, as it is
 #   OPS="cursor find_one" N=40 scripts/instructions.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+rust=false
+if [ "${1:-}" = --rust-upstream ]; then
+  rust=true
+  shift
+fi
 bash scripts/setup.sh
 if ! command -v valgrind >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
@@ -31,7 +39,7 @@ fi
 ops=${OPS:-cursor find_one insert_one update_one insert_many}
 
 source scripts/lib.sh
-start_upstream
+if $rust; then start_rust_upstream; else start_upstream; fi
 upstream="mongodb://127.0.0.1:$UPSTREAM_PORT/"
 printf '[proxy.tokenize]\nmin_len = 1\nstore_db = "laconic_instructions_store"\n' > "$work/tokenizing.toml"
 : > "$work/pass-through.toml"
