@@ -16,7 +16,7 @@ use crate::rewrite::mapper::{self, Lookup};
 use crate::rewrite::names::Misses;
 use crate::rewrite::{shard_key, walker, Command};
 use crate::token::{Dictionary, Policies, Policy, Recorder};
-use crate::wire::{MsgFlags, OpMsg};
+use crate::wire::{DocumentSequence, MsgFlags, OpMsg, Section};
 
 /// Names a dictionary of the fuzz checks knows, so that inputs built from
 /// them meet tokens.
@@ -157,6 +157,9 @@ pub fn request(data: &[u8]) {
             mapper::statement(raw, slots, policies, &db, &coll, Lookup::of(dict), out)
         }
     };
+    if entry.name == "insert" {
+        insert_as_sequence(&m, &policy, dict);
+    }
     let raw = match entry.name {
         "insert" => mapper::raw::insert(&m, &policy, dict).map_err(GiveUp::from),
         "bulkWrite" => {
@@ -210,6 +213,70 @@ pub fn request(data: &[u8]) {
             assert_eq!(e.to_string(), whole.to_string());
         }
         Err(GiveUp::Uncommon | GiveUp::Malformed(_)) => {}
+    }
+}
+
+/// An insert whose body holds one `documents` array, of documents only,
+/// is tokenized to the same documents when they come in a kind-1
+/// sequence, as drivers send them (followed in one loop where they share
+/// a layout), or refused both ways.
+fn insert_as_sequence(m: &OpMsg, policy: &Policy, dict: &Dictionary) {
+    let body = m.body();
+    if body
+        .iter()
+        .flatten()
+        .filter(|(k, _)| *k == "documents")
+        .count()
+        != 1
+    {
+        return;
+    }
+    let Ok(array) = body.get_array("documents") else {
+        return;
+    };
+    let Some(docs) = array
+        .into_iter()
+        .map(|d| Some(d.ok()?.as_document()?.as_bytes()))
+        .collect::<Option<Vec<&[u8]>>>()
+    else {
+        return;
+    };
+    let mut rest = RawDocumentBuf::new();
+    for (k, v) in body.iter().flatten() {
+        if k != "documents" {
+            rest.append(k, v.to_raw_bson());
+        }
+    }
+    let sequence = DocumentSequence::of("documents".into(), docs).expect("documents");
+    let in_sequence = OpMsg {
+        flags: m.flags,
+        sections: vec![
+            Section::Body(rest.into_bytes().into()),
+            Section::Sequence(sequence),
+        ],
+        checksum: None,
+    };
+    match (
+        mapper::raw::insert(m, policy, dict),
+        mapper::raw::insert(&in_sequence, policy, dict),
+    ) {
+        (Ok(from_body), Ok(from_sequence)) => {
+            let from_body: Vec<&[u8]> = from_body
+                .body()
+                .get_array("documents")
+                .expect("the tokenized array")
+                .into_iter()
+                .map(|d| d.ok().and_then(|d| d.as_document()).map(|d| d.as_bytes()))
+                .collect::<Option<_>>()
+                .expect("of documents");
+            let sequence = from_sequence.sequences().next().expect("the sequence");
+            assert_eq!(sequence.documents().collect::<Vec<_>>(), from_body);
+        }
+        (from_body, from_sequence) => assert_eq!(
+            from_body.map(|_| ()),
+            from_sequence.map(|_| ()),
+            "refused alike"
+        ),
     }
 }
 
