@@ -17,7 +17,8 @@
 # moves the one-client cases by up to a third from run to run (README,
 # Benchmarks).
 # LACONIC_BIN=PATH measures that build instead of target/release/laconic
-# (scripts/build-pgo.sh's, say), without building.
+# (scripts/build-pgo.sh's, say), without building; `--other-build PATH`
+# measures a second build beside it, in turns, in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rust=false

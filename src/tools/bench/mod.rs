@@ -71,6 +71,12 @@ pub struct BenchArgs {
     /// (e.g. "insert_one,find_one"); all by default.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Also run a tokenizing Laconic of another build (target "other"; a
+    /// profile-guided one, say), in turns with the others: two builds
+    /// compared in one run, round by round, where runs apart move by more
+    /// than builds differ.
+    #[arg(long, value_name = "BINARY")]
+    pub other_build: Option<std::path::PathBuf>,
 }
 
 /// One measured case.
@@ -260,6 +266,14 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     } else {
         None
     };
+    let other = match &args.other_build {
+        Some(binary) => Some(Laconic::start_from(
+            binary,
+            &args.upstream,
+            &tokenizing(""),
+        )?),
+        None => None,
+    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(Laconic::start(
             &args.upstream,
@@ -298,6 +312,9 @@ pub async fn run(args: BenchArgs) -> crate::tools::Result<()> {
     }
     if let Some(q) = &quiet {
         targets.push(("no-metrics", uri(&q.addr), Some(q.pid())));
+    }
+    if let Some(o) = &other {
+        targets.push(("other", uri(&o.addr), Some(o.pid())));
     }
     if let (Some(t), Some(ca)) = (&tls, &args.tls_ca) {
         let ca = ca.display();
@@ -414,10 +431,7 @@ async fn run_cases(args: &BenchArgs, targets: &[Target]) -> crate::tools::Result
 fn print_summary(summary: &[Case]) {
     println!();
     println!("ops/s against direct, and the proxies' CPU µs per operation:");
-    println!(
-        "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>18} {:>14} {:>18}",
-        "operation",
-        "c",
+    let header = [
         "relay",
         "laconic",
         "tokenizing",
@@ -427,57 +441,76 @@ fn print_summary(summary: &[Case]) {
         "tok CPU/relay",
         "median per round",
         "metrics on/off",
-        "tls/plain (p50)"
-    );
+        "tls/plain (p50)",
+        "other CPU/relay",
+        "other/tok rounds",
+    ];
+    let line = |op: &str, c: &str, cells: &[String]| {
+        let widths = [9, 9, 11, 9, 9, 11, 13, 18, 14, 18, 15, 18];
+        let cells: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:>w$}"))
+            .collect();
+        println!("{op:<26} {c:>3} {}", cells.join(" "));
+    };
+    line("operation", "c", &header.map(String::from));
     for (op, c, results) in summary {
-        let get = |n: &str| results.iter().find(|(name, _)| *name == n).map(|(_, m)| m);
-        let Some(d) = get("direct") else {
-            continue;
-        };
-        let ratio = |m: Option<&Measurement>, base: Option<&Measurement>| match (m, base) {
-            (Some(m), Some(b)) => format!("{:.3}x", m.ops_per_sec() / b.ops_per_sec()),
-            _ => "-".into(),
-        };
-        let cpu = |n: &str| {
-            get(n)
-                .and_then(Measurement::cpu_per_op)
-                .map_or("-".into(), |c| format!("{c:.1}"))
-        };
-        let tok_vs_relay = match (
-            get("tokenizing").and_then(Measurement::cpu_per_op),
-            get("relay").and_then(Measurement::cpu_per_op),
-        ) {
-            (Some(t), Some(r)) if r > 0.0 => format!("{:.2}x", t / r),
-            _ => "-".into(),
-        };
-        let rounds = match (get("tokenizing"), get("relay")) {
-            (Some(t), Some(r)) => spread(&t.cpu_ratios(r)),
-            _ => "-".into(),
-        };
-        let tls = get("tls").map_or("-".into(), |t| {
-            let plain = get("tokenizing");
-            format!(
-                "{} ({:+.0} µs)",
-                ratio(Some(t), plain),
-                plain.map_or(0.0, |p| (t.p50.as_secs_f64() - p.p50.as_secs_f64()) * 1e6)
-            )
-        });
-        println!(
-            "{:<26} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11} {:>13} {:>18} {:>14} {:>18}",
-            op.name(),
-            c,
-            ratio(get("relay"), Some(d)),
-            ratio(get("laconic"), Some(d)),
-            ratio(get("tokenizing"), Some(d)),
-            cpu("relay"),
-            cpu("laconic"),
-            cpu("tokenizing"),
-            tok_vs_relay,
-            rounds,
-            ratio(get("tokenizing"), get("no-metrics")),
-            tls,
-        );
+        if let Some(cells) = summary_row(results) {
+            line(op.name(), &c.to_string(), &cells);
+        }
     }
+}
+
+/// The summary's cells for one case, in the order of its header: ops/s
+/// over direct's, CPU µs per operation, CPU over haproxy's (the whole case,
+/// and the median of its rounds), the other targets against the tokenizing
+/// one. `None` without a direct measurement.
+fn summary_row(results: &[(&str, Measurement)]) -> Option<[String; 12]> {
+    let get = |n: &str| results.iter().find(|(name, _)| *name == n).map(|(_, m)| m);
+    let d = get("direct")?;
+    let ratio = |m: Option<&Measurement>, base: Option<&Measurement>| match (m, base) {
+        (Some(m), Some(b)) => format!("{:.3}x", m.ops_per_sec() / b.ops_per_sec()),
+        _ => "-".into(),
+    };
+    let cpu = |n: &str| {
+        get(n)
+            .and_then(Measurement::cpu_per_op)
+            .map_or("-".into(), |c| format!("{c:.1}"))
+    };
+    let cpu_over = |n: &str, base: &str| match (
+        get(n).and_then(Measurement::cpu_per_op),
+        get(base).and_then(Measurement::cpu_per_op),
+    ) {
+        (Some(t), Some(r)) if r > 0.0 => format!("{:.2}x", t / r),
+        _ => "-".into(),
+    };
+    let rounds = |n: &str, base: &str| match (get(n), get(base)) {
+        (Some(t), Some(r)) => spread(&t.cpu_ratios(r)),
+        _ => "-".into(),
+    };
+    let tls = get("tls").map_or("-".into(), |t| {
+        let plain = get("tokenizing");
+        format!(
+            "{} ({:+.0} µs)",
+            ratio(Some(t), plain),
+            plain.map_or(0.0, |p| (t.p50.as_secs_f64() - p.p50.as_secs_f64()) * 1e6)
+        )
+    });
+    Some([
+        ratio(get("relay"), Some(d)),
+        ratio(get("laconic"), Some(d)),
+        ratio(get("tokenizing"), Some(d)),
+        cpu("relay"),
+        cpu("laconic"),
+        cpu("tokenizing"),
+        cpu_over("tokenizing", "relay"),
+        rounds("tokenizing", "relay"),
+        ratio(get("tokenizing"), get("no-metrics")),
+        tls,
+        cpu_over("other", "relay"),
+        rounds("other", "tokenizing"),
+    ])
 }
 
 /// The median of some ratios, with the lowest and highest ("1.45
@@ -694,6 +727,38 @@ mod tests {
         // Nor is there a share of no time at all.
         let m = Measurement::from_samples(vec![ticks(Some((0, 0)))]);
         assert_eq!(m.user_share(), None);
+    }
+
+    #[test]
+    fn another_build_is_set_against_haproxy_and_this_build_round_by_round() {
+        let m = |rounds: Vec<Sample>| Measurement::from_samples(rounds);
+        // 1,000 ops a round; CPU per op: haproxy 100 and 100 µs, this
+        // build 200 and 180, the other 150 and 180.
+        let results = vec![
+            ("direct", m(vec![round(1000, None), round(1000, None)])),
+            (
+                "relay",
+                m(vec![round(1000, Some(100)), round(1000, Some(100))]),
+            ),
+            (
+                "tokenizing",
+                m(vec![round(1000, Some(200)), round(1000, Some(180))]),
+            ),
+            (
+                "other",
+                m(vec![round(1000, Some(150)), round(1000, Some(180))]),
+            ),
+        ];
+        let row = summary_row(&results).unwrap();
+        assert_eq!(row[5], "190.0");
+        assert_eq!(row[6], "1.90x");
+        assert_eq!(row[7], "1.90 (1.80-2.00)");
+        assert_eq!(row[10], "1.65x");
+        assert_eq!(row[11], "0.88 (0.75-1.00)");
+        // Without it, its cells are empty; without direct, there is no row.
+        let row = summary_row(&results[..3]).unwrap();
+        assert_eq!((row[10].as_str(), row[11].as_str()), ("-", "-"));
+        assert!(summary_row(&results[1..]).is_none());
     }
 
     #[test]

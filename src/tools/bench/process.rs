@@ -3,7 +3,7 @@
 //! benchmark driver's.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -18,8 +18,17 @@ impl Laconic {
     /// Starts `laconic serve` (this same binary) with `config` (TOML) in
     /// front of `upstream`; returns once it listens.
     pub fn start(upstream: &str, config: &str) -> crate::tools::Result<Laconic> {
+        Laconic::start_from(&std::env::current_exe()?, upstream, config)
+    }
+
+    /// [`Laconic::start`] of another build, `binary`.
+    pub fn start_from(
+        binary: &Path,
+        upstream: &str,
+        config: &str,
+    ) -> crate::tools::Result<Laconic> {
         let file = TempFile::new("toml", config)?;
-        let mut child = Command::new(std::env::current_exe()?)
+        let mut child = Command::new(binary)
             .args(["serve", "--listen", "127.0.0.1:0", "--upstream", upstream])
             .arg("--config")
             .arg(&file.0)
