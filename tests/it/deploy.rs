@@ -51,6 +51,39 @@ fn the_dockerfile_builds_from_the_tree_and_runs_unprivileged_with_probes_exposed
         entry[..2],
         ["/usr/local/bin/laconic".to_owned(), "serve".to_owned()]
     );
+
+    // The binary is profile-guided unless PGO=0: the build stage runs
+    // scripts/build-pgo.sh, copies the binary that script prints, or the
+    // plain release build's, to the one path the runtime stage takes.
+    assert_eq!(args("ARG"), vec!["PGO=1"]);
+    let script = text("scripts/build-pgo.sh");
+    let built = script
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("echo "))
+        .expect("build-pgo.sh prints the binary's path");
+    for (build, binary) in [
+        ("scripts/build-pgo.sh", built),
+        (
+            "cargo build --release --locked --bin laconic",
+            "target/release/laconic",
+        ),
+    ] {
+        let copied = format!("{build} && cp {binary} /laconic");
+        assert!(
+            dockerfile.contains(&copied),
+            "the build stage runs {copied:?}"
+        );
+    }
+    assert_eq!(
+        args("COPY")
+            .iter()
+            .filter(|c| c.starts_with("--from"))
+            .collect::<Vec<_>>(),
+        vec![&"--from=build /laconic /usr/local/bin/laconic"]
+    );
+    // What the training installs from PyPI needs a venv.
+    assert!(dockerfile.contains("python3-venv"));
 }
 
 #[test]
