@@ -84,6 +84,26 @@ fn the_dockerfile_builds_from_the_tree_and_runs_unprivileged_with_probes_exposed
     );
     // What the training installs from PyPI needs a venv.
     assert!(dockerfile.contains("python3-venv"));
+
+    // Each RUN, its lines joined as Docker joins them, is a shell command
+    // `/bin/sh -c` parses.
+    let joined = dockerfile.replace("\\\n", "");
+    let runs: Vec<&str> = joined
+        .lines()
+        .filter_map(|l| l.strip_prefix("RUN "))
+        .collect();
+    assert_eq!(runs.len(), 3);
+    for run in runs {
+        let parsed = std::process::Command::new("sh")
+            .args(["-n", "-c", run])
+            .output()
+            .unwrap();
+        assert!(
+            parsed.status.success(),
+            "RUN {run}: {}",
+            String::from_utf8_lossy(&parsed.stderr)
+        );
+    }
 }
 
 #[test]
