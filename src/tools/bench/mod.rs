@@ -431,30 +431,30 @@ async fn run_cases(args: &BenchArgs, targets: &[Target]) -> crate::tools::Result
 fn print_summary(summary: &[Case]) {
     println!();
     println!("ops/s against direct, and the proxies' CPU µs per operation:");
-    let header = [
-        "relay",
-        "laconic",
-        "tokenizing",
-        "CPU relay",
-        "laconic",
-        "tokenizing",
-        "tok CPU/relay",
-        "median per round",
-        "metrics on/off",
-        "tls/plain (p50)",
-        "other CPU/relay",
-        "other/tok rounds",
+    // Each column's heading, and its width.
+    let columns = [
+        ("relay", 9),
+        ("laconic", 9),
+        ("tokenizing", 11),
+        ("CPU relay", 9),
+        ("laconic", 9),
+        ("tokenizing", 11),
+        ("tok CPU/relay", 13),
+        ("median per round", 18),
+        ("metrics on/off", 14),
+        ("tls/plain (p50)", 18),
+        ("other CPU/relay", 15),
+        ("other/tok rounds", 18),
     ];
     let line = |op: &str, c: &str, cells: &[String]| {
-        let widths = [9, 9, 11, 9, 9, 11, 13, 18, 14, 18, 15, 18];
         let cells: Vec<String> = cells
             .iter()
-            .zip(widths)
-            .map(|(cell, w)| format!("{cell:>w$}"))
+            .zip(columns)
+            .map(|(cell, (_, w))| format!("{cell:>w$}"))
             .collect();
         println!("{op:<26} {c:>3} {}", cells.join(" "));
     };
-    line("operation", "c", &header.map(String::from));
+    line("operation", "c", &columns.map(|(h, _)| h.to_owned()));
     for (op, c, results) in summary {
         if let Some(cells) = summary_row(results) {
             line(op.name(), &c.to_string(), &cells);
