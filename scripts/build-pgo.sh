@@ -38,6 +38,8 @@ for config in tokenizing pass-through; do
 done
 "$profdata" merge -o "$data/merged.profdata" "$data"/*.profraw
 
-RUSTFLAGS="-Cprofile-use=$data/merged.profdata" \
+# LACONIC_BUILD names the build in `laconic --version` and
+# `laconic_build_info`.
+RUSTFLAGS="-Cprofile-use=$data/merged.profdata" LACONIC_BUILD=pgo \
   cargo build --release --locked --bin laconic --target-dir target/pgo >&2
 echo target/pgo/release/laconic

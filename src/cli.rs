@@ -9,12 +9,19 @@ use laconic::config::{Config, LogFormat};
 #[derive(Parser)]
 #[command(
     name = "laconic",
-    version,
+    version = version(),
     about = "A transparent MongoDB wire-protocol proxy"
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `laconic --version`: the version and how this binary was built
+/// ("0.1.0 (pgo)").
+fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| format!("{} ({})", laconic::VERSION, laconic::BUILD))
 }
 
 #[derive(Subcommand)]

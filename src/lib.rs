@@ -20,6 +20,18 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
+/// This build's version (`laconic --version`, `laconic_build_info`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// How this binary was built: `pgo` for the profile-guided build
+/// (`scripts/build-pgo.sh` sets `LACONIC_BUILD` for it, and so the Docker
+/// image's), `release` or `debug` for cargo's profiles.
+pub const BUILD: &str = match option_env!("LACONIC_BUILD") {
+    Some(build) => build,
+    None if cfg!(debug_assertions) => "debug",
+    None => "release",
+};
+
 pub mod budget;
 pub mod capture;
 pub mod config;

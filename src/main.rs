@@ -337,7 +337,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         println!("metrics on http://{addr}/metrics");
     }
     std::io::stdout().flush()?;
-    info!(listen = %handle.addr, upstream = %redact_uri(&config.proxy.upstream), "laconic started");
+    info!(
+        listen = %handle.addr,
+        upstream = %redact_uri(&config.proxy.upstream),
+        version = laconic::VERSION,
+        build = laconic::BUILD,
+        "laconic started"
+    );
 
     loop {
         tokio::select! {

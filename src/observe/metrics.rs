@@ -359,6 +359,18 @@ impl Metrics {
             out.push_str("# metrics collection is off (proxy.metrics = false)\n");
             return out;
         }
+        family(
+            &mut out,
+            "laconic_build_info",
+            "gauge",
+            "Always 1: this proxy's version, and how it was built (pgo, release or debug).",
+        );
+        let _ = writeln!(
+            out,
+            "laconic_build_info{{version=\"{}\",build=\"{}\"}} 1",
+            escape(crate::VERSION),
+            escape(crate::BUILD)
+        );
         self.render_connections(&mut out, held, limits);
         self.render_requests(&mut out);
         self.render_bytes(&mut out);
@@ -762,6 +774,19 @@ mod tests {
             ..Limits::default()
         };
         let text = m.render(&[status("app", 12)], held, limits);
+        let build = format!(
+            "laconic_build_info{{version=\"{}\",build=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+        );
+        assert!(
+            text.lines().any(|l| l == build),
+            "{build} is not in\n{text}"
+        );
         for line in [
             "laconic_connections_open 1",
             "laconic_requests_total{command=\"insert\"} 3",

@@ -62,6 +62,8 @@ fn the_dockerfile_builds_from_the_tree_and_runs_unprivileged_with_probes_exposed
         .rev()
         .find_map(|l| l.trim().strip_prefix("echo "))
         .expect("build-pgo.sh prints the binary's path");
+    // And names its build "pgo" (`laconic --version`, `laconic_build_info`).
+    assert!(script.contains("-Cprofile-use=$data/merged.profdata\" LACONIC_BUILD=pgo"));
     for (build, binary) in [
         ("scripts/build-pgo.sh", built),
         (

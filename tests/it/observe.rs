@@ -18,6 +18,29 @@ fn value(metrics: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("{series} not in\n{metrics}"))
 }
 
+/// How the binary under test was built: by the same cargo profile as the
+/// tests (`scripts/build-pgo.sh` builds no test).
+fn this_build() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+#[test]
+fn the_version_names_how_the_binary_was_built() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_laconic"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("laconic {} ({})\n", env!("CARGO_PKG_VERSION"), this_build())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_the_workload_and_the_bytes_saved() {
     let mut config = common::proxy_config(&common::upstream().uri);
@@ -48,6 +71,12 @@ async fn metrics_count_the_workload_and_the_bytes_saved() {
     assert_eq!(get(addr, "/readyz").await.0, 200);
     let (status, m) = get(addr, "/metrics").await;
     assert_eq!(status, 200);
+    let build = format!(
+        "laconic_build_info{{version=\"{}\",build=\"{}\"}}",
+        env!("CARGO_PKG_VERSION"),
+        this_build()
+    );
+    assert_eq!(value(&m, &build), 1.0);
     assert!(value(&m, "laconic_requests_total{command=\"insert\"}") >= 1.0);
     // Five find_one plus the refused one.
     assert!(value(&m, "laconic_requests_total{command=\"find\"}") >= 6.0);
