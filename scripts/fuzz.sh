@@ -37,6 +37,9 @@ docs += [
     # after the first are expanded by the layout of the one before.
     {"cursor": {"firstBatch": [{"_id": i, "\x02": "x", "\x04": {"\x06": [i, 2]}, "tags": ["a"]}
                                for i in range(4)], "id": 0, "ns": "app.c"}, "ok": 1.0},
+    # One of documents of one level: followed as one stream.
+    {"cursor": {"firstBatch": [{"\x02": f"user-{i}", "_id": i, "\x04": i * 7, "\x06": ["a", "b"]}
+                               for i in range(4)], "id": 0, "ns": "app.c"}, "ok": 1.0},
 ]
 for target in ("walker", "roundtrip", "request", "reply"):
     os.makedirs(f"fuzz/corpus/{target}", exist_ok=True)

@@ -441,6 +441,7 @@ mod tests {
                 {"delete": 1i64, "filter": {"amount": {"$gt": 1}}},
             ], "nsInfo": [{"ns": "app.c"}, {"ns": "other.c"}]},
             batch(),
+            flat_batch(),
             doc! {"cursor": {"firstBatch": [
                 {"_id": stored(), "_lk": 1, "x": [stored(), {"_lk": 2}]},
                 {"_lk": stored()},
@@ -458,6 +459,18 @@ mod tests {
         let t = |n: &str| dict.token(n).unwrap().as_str().to_owned();
         let item = |i: i32| {
             doc! {"_id": i, t("first_name"): "x", t("custom"): {t("last_name"): [i, 2]}, "tags": ["a"]}
+        };
+        let items: Vec<_> = (0..4).map(item).collect();
+        doc! {"cursor": {"firstBatch": items, "id": 0i64, "ns": "app.c"}, "ok": 1.0}
+    }
+
+    /// A cursor's batch of documents of one level and one layout: they
+    /// are followed as one stream.
+    fn flat_batch() -> bson::Document {
+        let dict = super::dictionary(&[]);
+        let t = |n: &str| dict.token(n).unwrap().as_str().to_owned();
+        let item = |i: i32| {
+            doc! {t("first_name"): format!("user-{i}"), "_id": i, t("last_name"): i64::from(i), "tags": ["a", "b"]}
         };
         let items: Vec<_> = (0..4).map(item).collect();
         doc! {"cursor": {"firstBatch": items, "id": 0i64, "ns": "app.c"}, "ok": 1.0}

@@ -23,7 +23,7 @@
 
 use super::expand::raw::scalars;
 use crate::rewrite::walker::{
-    elements, length_rule, value_len_by, Elements, Full, Slab, MAX_DEPTH,
+    elements, length_rule, nul_at, value_len_by, Elements, Full, Slab, MAX_DEPTH,
 };
 use crate::token::namespace::{starts_token, value_number, ESCAPE, VALUE_SUBTYPE};
 use crate::token::Names;
@@ -72,9 +72,10 @@ struct Op {
     rule: u8,
     /// The header it becomes, in [`Batch::bytes`]; `None`: the same.
     becomes: Option<(u32, u32)>,
-    /// That header's bytes, if it is no longer than sixteen: written
-    /// in one move.
+    /// The header written, `becomes` or the same: its bytes, if it is no
+    /// longer than sixteen (written in one move), and its length.
     short: [u8; 16],
+    written: u32,
 }
 
 /// The layout of the last document learned from one batch (the documents
@@ -91,6 +92,11 @@ pub(crate) struct Batch {
     learned: usize,
     /// See [`Batch::growth`].
     growth: usize,
+    /// For a layout of one level, whose values are all copied as they
+    /// are: how much longer than a document its rewrite is (what its
+    /// renamed headers add, less what they take away). See
+    /// [`Batch::stream`].
+    flat: Option<isize>,
 }
 
 impl Batch {
@@ -177,6 +183,9 @@ impl Batch {
         names: &N,
         (buf, mut pos): (&mut [u8], usize),
     ) -> Result<usize, Full> {
+        if let Some(delta) = self.flat.filter(|_| self.ready()) {
+            return self.stream(items, delta, (buf, pos));
+        }
         while self.ready() {
             let Some((header, doc, next)) = items.document() else {
                 break;
@@ -193,6 +202,102 @@ impl Batch {
             *items = next;
         }
         Ok(pos)
+    }
+
+    /// [`Batch::follow_run`] for a layout of one level
+    /// ([`Batch::flat`], `delta`): the array's documents are followed one
+    /// after the other in one loop, each element written as its header
+    /// (the one it becomes, or the same) and its value, and each
+    /// document's length is its own plus `delta`, written before its
+    /// elements. A document that parts from the layout is left to the
+    /// walk, which writes over what was written of it.
+    #[inline(never)]
+    fn stream(
+        &mut self,
+        items: &mut Elements<'_>,
+        delta: isize,
+        (buf, pos): (&mut [u8], usize),
+    ) -> Result<usize, Full> {
+        let (array, end) = items.bytes();
+        let mut out = Slab { buf, pos };
+        let mut at = Elements::position(items);
+        let mut hits = 0;
+        let missed = loop {
+            // A document (type, index, NUL, value) to follow, or the
+            // walk's: it says why, if it is not one at all. Not a miss.
+            if at >= end || array[at] != 0x03 {
+                break false;
+            }
+            let Some(value_at) = nul_at(&array[at + 1..end]).map(|n| at + 2 + n) else {
+                break false;
+            };
+            let Some(&len) = array.get(value_at..end).and_then(|v| v.first_chunk::<4>()) else {
+                break false;
+            };
+            let len = i32::from_le_bytes(len) as isize;
+            let doc_end = value_at as isize + len - 1;
+            let Ok(written) = i32::try_from(len + delta) else {
+                break false;
+            };
+            if len < 5 || doc_end >= end as isize || array[doc_end as usize] != 0 {
+                break false;
+            }
+            let doc_end = doc_end as usize;
+            let pos_was = out.pos;
+            out.put(&array[at..value_at])?;
+            out.put(&written.to_le_bytes())?;
+            if !self.flat_doc(array, value_at + 4, doc_end, &mut out)? {
+                out.pos = pos_was;
+                break true;
+            }
+            out.byte(0)?;
+            hits += 1;
+            at = doc_end + 1;
+        };
+        self.hits += hits;
+        self.misses += usize::from(missed);
+        *items = items.resumed(at);
+        Ok(out.pos)
+    }
+
+    /// Follows the steps of a [`Batch::flat`] layout through the elements
+    /// of a document from `el` to its NUL at `end`, writing each. `false`
+    /// where the document parts from the steps.
+    #[inline(always)]
+    fn flat_doc(
+        &self,
+        array: &[u8],
+        mut el: usize,
+        end: usize,
+        out: &mut Slab<'_>,
+    ) -> Result<bool, Full> {
+        let steps = self.ops.split_last().map_or(&[][..], |(_, steps)| steps);
+        for op in steps {
+            let value_at = el + op.header.1 as usize;
+            let Some(rest) = array.get(value_at..end) else {
+                return Ok(false);
+            };
+            if !self.same(op, array, el) {
+                return Ok(false);
+            }
+            let Ok(len) = value_len_by(op.rule, op.kind, rest) else {
+                return Ok(false);
+            };
+            match op.step {
+                Step::Scalars if !scalars(&rest[..len]) => return Ok(false),
+                Step::Binary if rest.get(4) == Some(&VALUE_SUBTYPE) => return Ok(false),
+                _ => {}
+            }
+            match op.written {
+                n @ 0..=16 => out.put_short(&op.short, n as usize)?,
+                _ => out.put(self.bytes(op.becomes.unwrap_or(op.header)))?,
+            }
+            // The value, from the array: past the document's end, the
+            // bytes there may be moved too, and written over.
+            out.put_within(&array[value_at..], len)?;
+            el = value_at + len;
+        }
+        Ok(el == end)
     }
 
     /// [`Batch::follow_run`] for documents written back to back (a kind-1
@@ -262,6 +367,24 @@ impl Batch {
         if depth + MOST_LEVELS >= MAX_DEPTH || steps(self).is_none() {
             self.ops.clear();
         }
+        self.flat = self.delta();
+    }
+
+    /// What a layout of one level, whose steps copy every value as it
+    /// is, adds to a document's length: `None` for any other.
+    fn delta(&self) -> Option<isize> {
+        let (last, steps) = self.ops.split_last()?;
+        let mut delta = 0;
+        for op in steps {
+            match op.step {
+                Step::Copy | Step::Binary | Step::Scalars => {}
+                Step::Value | Step::Into | Step::End => return None,
+            }
+            if let Some((_, len)) = op.becomes {
+                delta += len as isize - op.header.1 as isize;
+            }
+        }
+        (last.step == Step::End).then_some(delta)
     }
 
     /// How many bytes longer than a document its rewrite by the layout
@@ -378,13 +501,13 @@ impl Batch {
         let mut short = [0u8; 16];
         if let Some(b) = becomes {
             self.growth += (b.1 as usize).saturating_sub(header.len());
-            let b = self.bytes(b);
-            if let Some(to) = short.get_mut(..b.len()) {
-                to.copy_from_slice(b);
-            }
         }
         let kind = header.first().copied().unwrap_or(0);
         let at = self.keep(&[header]);
+        let written = becomes.unwrap_or(at);
+        if let Some(to) = short.get_mut(..written.1 as usize) {
+            to.copy_from_slice(self.bytes(written));
+        }
         self.ops.push(Op {
             step,
             header: at,
@@ -394,6 +517,7 @@ impl Batch {
             rule: length_rule(kind),
             becomes,
             short,
+            written: written.1,
         });
     }
 
@@ -830,6 +954,189 @@ mod tests {
         assert_eq!(by_layout.unwrap_err(), walked.unwrap_err());
     }
 
+    /// A document of one level, stored and as the driver reads it: its
+    /// layout is followed as a stream ([`Batch::stream`]).
+    fn flat_user(dict: &Dictionary, i: i32) -> (Document, Document) {
+        let t = |n| token(dict, n);
+        let stored = doc! {
+            t(1): format!("user-{i}"),
+            "_id": i,
+            t(2): format!("user{i}@example.com"),
+            t(3): i64::from(i) * 7,
+            t(4): ["a", "b", "c"],
+            t(6): Binary { subtype: BinarySubtype::Generic, bytes: vec![1, 2] },
+        };
+        let logical = doc! {
+            "field1": format!("user-{i}"),
+            "_id": i,
+            "field2": format!("user{i}@example.com"),
+            "field3": i64::from(i) * 7,
+            "field4": ["a", "b", "c"],
+            "field6": Binary { subtype: BinarySubtype::Generic, bytes: vec![1, 2] },
+        };
+        (stored, logical)
+    }
+
+    /// Documents of one level are followed as one stream, as the walk
+    /// expands them; one that parts from the layout anywhere (or is not a
+    /// document) is walked, and the stream goes on after it.
+    #[test]
+    fn a_batch_of_one_level_is_streamed_as_the_walk_expands_it() {
+        let dict = dictionary();
+        let t = |n| token(&dict, n);
+        let alike: (Vec<_>, Vec<_>) = (0..20).map(|i| flat_user(&dict, i)).unzip();
+        let mut batch = Batch::default();
+        let by_layout = run(&reply(alike.0.clone()), &dict, &mut batch);
+        assert!(batch.flat.is_some_and(|d| d > 0), "{:?}", batch.flat);
+        assert_eq!(batch.hits, 19);
+        assert_eq!(by_layout.unwrap(), reply(alike.1.clone()));
+
+        // A layout of plain keys only: nothing renamed, nothing added.
+        let plain: Vec<Document> = (0..10).map(|i| doc! {"a": i, "b": "x"}).collect();
+        let mut batch = Batch::default();
+        let by_layout = run(&reply(plain.clone()), &dict, &mut batch);
+        assert_eq!((batch.flat, batch.hits), (Some(0), 9));
+        assert_eq!(by_layout.unwrap(), reply(plain));
+
+        type Edit<'a> = Box<dyn Fn(&mut Document, &mut Document) + 'a>;
+        let edits: Vec<(&str, Edit<'_>)> = vec![
+            (
+                "another type",
+                Box::new(|s, l| {
+                    s.insert(t(3), 5i32);
+                    l.insert("field3", 5i32);
+                }),
+            ),
+            (
+                "an element more",
+                Box::new(|s, l| {
+                    s.insert(t(9), 1);
+                    l.insert("field9", 1);
+                }),
+            ),
+            (
+                "an element fewer",
+                Box::new(|s, l| {
+                    s.remove(t(6));
+                    l.remove("field6");
+                }),
+            ),
+            (
+                "a first element fewer",
+                Box::new(|s, l| {
+                    s.remove(t(1));
+                    l.remove("field1");
+                }),
+            ),
+            (
+                "a value token",
+                Box::new(|s, l| {
+                    s.insert(t(6), value_token(0));
+                    l.insert("field6", "gold");
+                }),
+            ),
+            (
+                "a document in a plain array",
+                Box::new(|s, l| {
+                    s.insert(t(4), bson::bson!(["a", {t(8): 1}]));
+                    l.insert("field4", bson::bson!(["a", {"field8": 1}]));
+                }),
+            ),
+            (
+                "a value token in a plain array",
+                Box::new(|s, l| {
+                    s.insert(t(4), vec![Bson::from("a"), value_token(1)]);
+                    l.insert("field4", bson::bson!(["a", "silver"]));
+                }),
+            ),
+            (
+                "a longer string",
+                Box::new(|s, l| {
+                    s.insert(t(2), "y".repeat(300));
+                    l.insert("field2", "y".repeat(300));
+                }),
+            ),
+            (
+                "another key",
+                Box::new(|s, l| {
+                    s.insert("plain", 1);
+                    s.remove(t(6));
+                    l.insert("plain", 1);
+                    l.remove("field6");
+                }),
+            ),
+        ];
+        for (what, edit) in &edits {
+            for at in [0, 7, 19] {
+                let (mut stored, mut logical) = alike.clone();
+                edit(&mut stored[at], &mut logical[at]);
+                let (by_layout, walked, hits) = both(&reply(stored), &dict);
+                assert_eq!(
+                    by_layout.as_ref().unwrap(),
+                    walked.as_ref().unwrap(),
+                    "{what} at {at}"
+                );
+                assert_eq!(by_layout.unwrap(), reply(logical), "{what} at {at}");
+                assert!(hits >= 17, "{what} at {at}: {hits}");
+            }
+        }
+        // A value in the batch that is not a document: the array is
+        // walked whole from there (as a server's batches never are), after
+        // the eight documents the stream followed.
+        let mut raw = doc! {"cursor": {"firstBatch": alike.0.clone(), "id": 0i64}};
+        let mut read = doc! {"cursor": {"firstBatch": alike.1.clone(), "id": 0i64}};
+        for (d, v) in [(&mut raw, 5), (&mut read, 5)] {
+            let batch = d.get_document_mut("cursor").unwrap();
+            batch
+                .get_array_mut("firstBatch")
+                .unwrap()
+                .insert(9, Bson::Int32(v));
+        }
+        let (by_layout, walked, hits) = both(&bytes(raw), &dict);
+        assert_eq!(by_layout.as_ref().unwrap(), walked.as_ref().unwrap());
+        assert_eq!(by_layout.unwrap(), bytes(read));
+        assert_eq!(hits, 8);
+        // A key the dictionary lacks is reported, not expanded.
+        let (mut stored, _) = alike.clone();
+        stored[7].insert(unknown_token(&dict), 1);
+        let (by_layout, walked, _) = both(&reply(stored), &dict);
+        assert_eq!(by_layout.unwrap_err(), walked.unwrap_err());
+    }
+
+    /// A stream stopped by a full output is written again in more room,
+    /// to the same bytes: each try from the start of the reply.
+    #[test]
+    fn a_stream_out_of_room_is_written_again_in_more() {
+        let dict = dictionary();
+        let (stored, logical): (Vec<_>, Vec<_>) = (0..50).map(|i| flat_user(&dict, i)).unzip();
+        let raw = reply(stored);
+        let (mut out, mut unknown) = (Vec::new(), Unknown::default());
+        let mut batch = Batch::default();
+        let mut asked = Vec::new();
+        let mut grow = |n: usize| {
+            asked.push(n);
+            // Little room at first: the first try runs out of it.
+            if asked.len() < 2 {
+                n / 4
+            } else {
+                n
+            }
+        };
+        expand_in(
+            &raw,
+            &dict,
+            Strings::Data,
+            &mut unknown,
+            (&mut out, 0),
+            &mut grow,
+            &mut batch,
+        )
+        .unwrap();
+        assert!(asked.len() >= 2, "{asked:?}");
+        assert_eq!(out, reply(logical));
+        assert!(batch.hits > 0);
+    }
+
     /// A batch of many layouts is learned from a few times, then only
     /// walked: no layout is tried on every document.
     #[test]
@@ -985,6 +1292,28 @@ mod tests {
                 .filter_map(|(i, salt)| match vary(&pool[i % pool.len()], *salt) {
                     Bson::Document(d) => Some(d),
                     _ => None,
+                })
+                .collect();
+            let (by_layout, walked, _) = both(&reply(docs), &dict);
+            prop_assert_eq!(by_layout, walked);
+        }
+
+        /// The same, of documents of one level: the layouts are followed
+        /// as a stream.
+        #[test]
+        fn any_batch_of_one_level_is_expanded_as_the_walk_expands_it(
+            pool in proptest::collection::vec(
+                proptest::collection::vec((key(&dictionary()), leaf()), 0..6),
+                1..4,
+            ),
+            picks in proptest::collection::vec((0usize..4, any::<u32>()), 0..24),
+        ) {
+            let dict = dictionary();
+            let docs: Vec<Document> = picks
+                .iter()
+                .map(|(i, salt)| {
+                    let kv = &pool[i % pool.len()];
+                    kv.iter().map(|(k, v)| (k.clone(), vary(v, *salt))).collect()
                 })
                 .collect();
             let (by_layout, walked, _) = both(&reply(docs), &dict);

@@ -215,6 +215,23 @@ impl<'a> Elements<'a> {
         self.at
     }
 
+    /// The whole document (or array) walked, and where its final NUL is.
+    #[inline(always)]
+    pub fn bytes(&self) -> (&'a [u8], usize) {
+        (self.doc, self.end)
+    }
+
+    /// The elements from `at`, an element's start that an outside walk
+    /// of the same bytes reached.
+    #[inline(always)]
+    pub fn resumed(&self, at: usize) -> Elements<'a> {
+        Elements {
+            doc: self.doc,
+            at: at.min(self.end),
+            end: self.end,
+        }
+    }
+
     /// The next element, if it is a document that can be read: its header
     /// (type, key, NUL), its value, and the elements after it. `None`: there
     /// is none, it is not a document, or it cannot be read (as the iterator
@@ -576,6 +593,24 @@ impl Slab<'_> {
             _ => to.copy_from_slice(src),
         }
         self.pos = end;
+        Ok(())
+    }
+
+    /// Appends `src[..len]` (`len` at most `src.len()`): where `src` and
+    /// the slab both reach far enough, up to 32 bytes as one or two moves
+    /// of sixteen, the bytes past `len` to be written over or cut off.
+    /// Most values of a document are a number or a short string.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub fn put_within(&mut self, src: &[u8], len: usize) -> Result<(), Full> {
+        let to = self.buf.get_mut(self.pos..).unwrap_or_default();
+        match (len, src.first_chunk::<32>(), to.first_chunk_mut::<32>()) {
+            (0..=16, Some(from), Some(to)) => {
+                to[..16].copy_from_slice(&from[..16]);
+            }
+            (17..=32, Some(from), Some(to)) => *to = *from,
+            _ => return self.put(src.get(..len).unwrap_or(src)),
+        }
+        self.pos += len;
         Ok(())
     }
 
@@ -1017,6 +1052,41 @@ mod tests {
         assert_eq!(slab.cstring(b"a"), Ok(()));
         assert_eq!(slab.byte(1), Err(Full));
         assert_eq!(buf, [b'a', 0]);
+    }
+
+    /// `put_within` writes the first `len` bytes of what it is given,
+    /// however far that and the slab reach past them: the slab's bytes
+    /// past them may change (to be written over), those before may not.
+    /// What does not fit is refused.
+    #[test]
+    fn a_slab_writes_a_value_within_longer_bytes_exactly() {
+        let bytes: Vec<u8> = (1..=80).collect();
+        for len in 0..=48 {
+            for past in [0, 1, 15, 16, 31, 32] {
+                for room in [len, len + 1, len + 16, len + 40] {
+                    let src = &bytes[..len + past];
+                    let mut buf = vec![0xEE; 3 + room];
+                    let mut slab = Slab {
+                        buf: &mut buf,
+                        pos: 3,
+                    };
+                    slab.put_within(src, len).unwrap();
+                    assert_eq!(slab.pos, 3 + len);
+                    assert_eq!(&buf[..3], &[0xEE; 3]);
+                    assert_eq!(&buf[3..3 + len], &src[..len], "{len} of {}", src.len());
+                }
+            }
+            if len > 0 {
+                let mut buf = vec![0xEE; 2 + len];
+                let mut slab = Slab {
+                    buf: &mut buf,
+                    pos: 3,
+                };
+                assert_eq!(slab.put_within(&bytes, len), Err(Full));
+                assert_eq!(slab.pos, 3);
+                assert!(buf.iter().all(|&b| b == 0xEE));
+            }
+        }
     }
 
     #[test]
