@@ -288,13 +288,15 @@ impl Batch {
                 Step::Binary if rest.get(4) == Some(&VALUE_SUBTYPE) => return Ok(false),
                 _ => {}
             }
-            match op.written {
-                n @ 0..=16 => out.put_short(&op.short, n as usize)?,
-                _ => out.put(self.bytes(op.becomes.unwrap_or(op.header)))?,
+            // The header and the value, the value's bytes read from the
+            // array: what is moved past them is written over.
+            if !out.put_pair(&op.short, op.written as usize, &array[value_at..], len) {
+                match op.written {
+                    n @ 0..=16 => out.put_short(&op.short, n as usize)?,
+                    _ => out.put(self.bytes(op.becomes.unwrap_or(op.header)))?,
+                }
+                out.put(&rest[..len])?;
             }
-            // The value, from the array: past the document's end, the
-            // bytes there may be moved too, and written over.
-            out.put_within(&array[value_at..], len)?;
             el = value_at + len;
         }
         Ok(el == end)
