@@ -273,29 +273,21 @@ impl Batch {
     ) -> Result<bool, Full> {
         let steps = self.ops.split_last().map_or(&[][..], |(_, steps)| steps);
         for op in steps {
-            let value_at = el + op.header.1 as usize;
-            let Some(rest) = array.get(value_at..end) else {
+            let Some((value_at, value)) = self.element(op, array, el, end) else {
                 return Ok(false);
             };
-            if !self.same(op, array, el) {
+            if !copies(op.step, value) {
                 return Ok(false);
-            }
-            let Ok(len) = value_len_by(op.rule, op.kind, rest) else {
-                return Ok(false);
-            };
-            match op.step {
-                Step::Scalars if !scalars(&rest[..len]) => return Ok(false),
-                Step::Binary if rest.get(4) == Some(&VALUE_SUBTYPE) => return Ok(false),
-                _ => {}
             }
             // The header and the value, the value's bytes read from the
             // array: what is moved past them is written over.
+            let len = value.len();
             if !out.put_pair(&op.short, op.written as usize, &array[value_at..], len) {
                 match op.written {
                     n @ 0..=16 => out.put_short(&op.short, n as usize)?,
                     _ => out.put(self.bytes(op.becomes.unwrap_or(op.header)))?,
                 }
-                out.put(&rest[..len])?;
+                out.put(value)?;
             }
             el = value_at + len;
         }
@@ -563,23 +555,11 @@ impl Batch {
             if op.step == Step::End {
                 break;
             }
-            let value_at = el + op.header.1 as usize;
-            // The header, and its NUL, before the document's own NUL.
-            let Some(rest) = doc.get(value_at..end) else {
+            let Some((value_at, value)) = self.element(op, doc, el, end) else {
                 return Ok(None);
             };
-            if !self.same(op, doc, el) {
-                return Ok(None);
-            }
-            let Ok(len) = value_len_by(op.rule, op.kind, rest) else {
-                return Ok(None);
-            };
-            let value = &rest[..len];
+            let len = value.len();
             match op.step {
-                Step::Copy => {}
-                Step::Scalars if !scalars(value) => return Ok(None),
-                Step::Binary if value.get(4) == Some(&VALUE_SUBTYPE) => return Ok(None),
-                Step::Scalars | Step::Binary => {}
                 // Written whole, apart: the loop keeps to what most
                 // elements need.
                 Step::Value | Step::Into | Step::End => {
@@ -596,6 +576,8 @@ impl Batch {
                     el = copied;
                     continue;
                 }
+                step if !copies(step, value) => return Ok(None),
+                _ => {}
             }
             // Copied as it is, under its name.
             if op.becomes.is_some() {
@@ -676,6 +658,27 @@ impl Batch {
         }
     }
 
+    /// The element `op` is for at `doc[el..]`, before the document's NUL
+    /// at `end`: where its value is, and the value. `None` where its
+    /// header is another or its value cannot be read.
+    #[inline(always)]
+    fn element<'d>(
+        &self,
+        op: &Op,
+        doc: &'d [u8],
+        el: usize,
+        end: usize,
+    ) -> Option<(usize, &'d [u8])> {
+        let value_at = el + op.header.1 as usize;
+        // The header, and its NUL, before the document's own NUL.
+        let rest = doc.get(value_at..end)?;
+        if !self.same(op, doc, el) {
+            return None;
+        }
+        let len = value_len_by(op.rule, op.kind, rest).ok()?;
+        Some((value_at, &rest[..len]))
+    }
+
     /// Whether the header of `op` is at `doc[at..]`, which holds it.
     #[inline(always)]
     fn same(&self, op: &Op, doc: &[u8], at: usize) -> bool {
@@ -686,6 +689,19 @@ impl Batch {
             }
             _ => doc[at..at + op.header.1 as usize] == *self.bytes(op.header),
         }
+    }
+}
+
+/// Whether a value of a step that copies it as it is may be copied: the
+/// plain values of a [`Step::Scalars`] array (tested again, as the walk of
+/// the expansion tests it), a binary of a [`Step::Binary`] that is no value
+/// token.
+#[inline(always)]
+fn copies(step: Step, value: &[u8]) -> bool {
+    match step {
+        Step::Scalars => scalars(value),
+        Step::Binary => value.get(4) != Some(&VALUE_SUBTYPE),
+        _ => true,
     }
 }
 
