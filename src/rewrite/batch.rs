@@ -884,92 +884,100 @@ mod tests {
 
         // Each way of parting from the layout, in the middle of the batch.
         let unknown = unknown_token(&dict);
-        type Edit<'a> = Box<dyn Fn(&mut Document, &mut Document) + 'a>;
-        let edits: Vec<(&str, Edit<'_>)> = vec![
-            (
-                "another type",
-                Box::new(|s, l| {
-                    s.insert(t(1), 5i64);
-                    l.insert("field1", 5i64);
-                }),
-            ),
-            (
-                "an element more",
-                Box::new(|s, l| {
-                    s.insert(t(9), 1);
-                    l.insert("field9", 1);
-                }),
-            ),
-            (
-                "an element fewer",
-                Box::new(|s, l| {
-                    s.remove("tags");
-                    l.remove("tags");
-                }),
-            ),
+        let edits = [
+            ("another type", change(t(1), 5i64, "field1", 5i64)),
+            ("an element more", change(t(9), 1, "field9", 1)),
+            ("an element fewer", removal("tags", "tags")),
             (
                 "a value token",
-                Box::new(|s, l| {
-                    s.insert(t(6), value_token(0));
-                    l.insert("field6", "gold");
-                }),
+                change(t(6), value_token(0), "field6", "gold"),
             ),
             (
                 "a document in a plain array",
-                Box::new(|s, l| {
-                    s.insert("tags", bson::bson!(["a", {t(8): 1}]));
-                    l.insert("tags", bson::bson!(["a", {"field8": 1}]));
-                }),
+                change(
+                    "tags",
+                    bson::bson!(["a", {t(8): 1}]),
+                    "tags",
+                    bson::bson!(["a", {"field8": 1}]),
+                ),
             ),
             (
                 "a longer plain array",
-                Box::new(|s, l| {
-                    s.insert("tags", bson::bson!(["a", "b", "c"]));
-                    l.insert("tags", bson::bson!(["a", "b", "c"]));
-                }),
+                change("tags", vec!["a", "b", "c"], "tags", vec!["a", "b", "c"]),
             ),
             (
                 "another key below",
-                Box::new(|s, l| {
-                    s.insert(
-                        t(2),
-                        doc! {t(3): 1, "plain": [1, 2, 3], t(4): [{t(11): 1}, {t(5): "x"}]},
-                    );
-                    l.insert("field2", doc! {"field3": 1, "plain": [1, 2, 3], "field4": [{"field11": 1}, {"field5": "x"}]});
-                }),
+                change(
+                    t(2),
+                    doc! {t(3): 1, "plain": [1, 2, 3], t(4): [{t(11): 1}, {t(5): "x"}]},
+                    "field2",
+                    doc! {"field3": 1, "plain": [1, 2, 3], "field4": [{"field11": 1}, {"field5": "x"}]},
+                ),
             ),
-            (
-                "an escaped key",
-                Box::new(|s, l| {
-                    s.insert("\u{1f}\u{1}", 1);
-                    l.insert("\u{1}", 1);
-                }),
-            ),
-            (
-                "a dotted key",
-                Box::new(|s, l| {
-                    s.insert("a.b", 1);
-                    l.insert("a.b", 1);
-                }),
-            ),
+            ("an escaped key", change("\u{1f}\u{1}", 1, "\u{1}", 1)),
+            ("a dotted key", change("a.b", 1, "a.b", 1)),
         ];
-        for (what, edit) in &edits {
-            let (mut stored, mut logical) = alike.clone();
-            edit(&mut stored[7], &mut logical[7]);
-            let (by_layout, walked, hits) = both(&reply(stored), &dict);
-            assert_eq!(
-                by_layout.as_ref().unwrap(),
-                walked.as_ref().unwrap(),
-                "{what}"
-            );
-            assert_eq!(by_layout.unwrap(), reply(logical), "{what}");
-            assert!(hits >= 17, "{what}: {hits}");
-        }
+        each_edit_is_expanded_as_the_walk_expands_it(&dict, &alike, &edits, &[7], 17);
         // A key the dictionary lacks is reported, not expanded.
         let (mut stored, _) = alike.clone();
         stored[7].insert(&unknown, 1);
         let (by_layout, walked, _) = both(&reply(stored), &dict);
         assert_eq!(by_layout.unwrap_err(), walked.unwrap_err());
+    }
+
+    /// A change to both forms of a document, the stored one and the one
+    /// the driver reads.
+    type Edit = Box<dyn Fn(&mut Document, &mut Document)>;
+
+    /// `key` set to `value` in the stored document, `name` to `read` in
+    /// the one the driver reads.
+    fn change(
+        key: impl Into<String>,
+        value: impl Into<Bson>,
+        name: &str,
+        read: impl Into<Bson>,
+    ) -> Edit {
+        let (key, value, name, read) = (key.into(), value.into(), name.to_owned(), read.into());
+        Box::new(move |s, l| {
+            s.insert(key.clone(), value.clone());
+            l.insert(name.clone(), read.clone());
+        })
+    }
+
+    /// `key` taken out of the stored document, `name` out of the read one.
+    fn removal(key: impl Into<String>, name: &str) -> Edit {
+        let (key, name) = (key.into(), name.to_owned());
+        Box::new(move |s, l| {
+            s.remove(&key);
+            l.remove(&name);
+        })
+    }
+
+    /// Each edit, made to the document at each of `places` in a batch of
+    /// documents of one layout (stored, and as the driver reads them): the
+    /// batch is expanded by the layouts as by the walk, to what the driver
+    /// reads, with at least `hits` documents served by a layout.
+    fn each_edit_is_expanded_as_the_walk_expands_it(
+        dict: &Dictionary,
+        alike: &(Vec<Document>, Vec<Document>),
+        edits: &[(&str, Edit)],
+        places: &[usize],
+        hits: usize,
+    ) {
+        for (what, edit) in edits {
+            for &at in places {
+                let (mut stored, mut logical) = alike.clone();
+                edit(&mut stored[at], &mut logical[at]);
+                let (by_layout, walked, served) = both(&reply(stored), dict);
+                assert_eq!(
+                    by_layout.as_ref().unwrap(),
+                    walked.as_ref().unwrap(),
+                    "{what} at {at}"
+                );
+                assert_eq!(by_layout.unwrap(), reply(logical), "{what} at {at}");
+                assert!(served >= hits, "{what} at {at}: {served}");
+            }
+        }
     }
 
     /// A document of one level, stored and as the driver reads it: its
@@ -1016,88 +1024,46 @@ mod tests {
         assert_eq!((batch.flat, batch.hits), (Some(0), 9));
         assert_eq!(by_layout.unwrap(), reply(plain));
 
-        type Edit<'a> = Box<dyn Fn(&mut Document, &mut Document) + 'a>;
-        let edits: Vec<(&str, Edit<'_>)> = vec![
-            (
-                "another type",
-                Box::new(|s, l| {
-                    s.insert(t(3), 5i32);
-                    l.insert("field3", 5i32);
-                }),
-            ),
-            (
-                "an element more",
-                Box::new(|s, l| {
-                    s.insert(t(9), 1);
-                    l.insert("field9", 1);
-                }),
-            ),
-            (
-                "an element fewer",
-                Box::new(|s, l| {
-                    s.remove(t(6));
-                    l.remove("field6");
-                }),
-            ),
-            (
-                "a first element fewer",
-                Box::new(|s, l| {
-                    s.remove(t(1));
-                    l.remove("field1");
-                }),
-            ),
+        let edits = [
+            ("another type", change(t(3), 5i32, "field3", 5i32)),
+            ("an element more", change(t(9), 1, "field9", 1)),
+            ("an element fewer", removal(t(6), "field6")),
+            ("a first element fewer", removal(t(1), "field1")),
             (
                 "a value token",
-                Box::new(|s, l| {
-                    s.insert(t(6), value_token(0));
-                    l.insert("field6", "gold");
-                }),
+                change(t(6), value_token(0), "field6", "gold"),
             ),
             (
                 "a document in a plain array",
-                Box::new(|s, l| {
-                    s.insert(t(4), bson::bson!(["a", {t(8): 1}]));
-                    l.insert("field4", bson::bson!(["a", {"field8": 1}]));
-                }),
+                change(
+                    t(4),
+                    bson::bson!(["a", {t(8): 1}]),
+                    "field4",
+                    bson::bson!(["a", {"field8": 1}]),
+                ),
             ),
             (
                 "a value token in a plain array",
-                Box::new(|s, l| {
-                    s.insert(t(4), vec![Bson::from("a"), value_token(1)]);
-                    l.insert("field4", bson::bson!(["a", "silver"]));
-                }),
+                change(
+                    t(4),
+                    vec![Bson::from("a"), value_token(1)],
+                    "field4",
+                    vec!["a", "silver"],
+                ),
             ),
             (
                 "a longer string",
-                Box::new(|s, l| {
-                    s.insert(t(2), "y".repeat(300));
-                    l.insert("field2", "y".repeat(300));
-                }),
+                change(t(2), "y".repeat(300), "field2", "y".repeat(300)),
             ),
-            (
-                "another key",
-                Box::new(|s, l| {
-                    s.insert("plain", 1);
-                    s.remove(t(6));
-                    l.insert("plain", 1);
-                    l.remove("field6");
-                }),
-            ),
+            ("another key in place of the last", {
+                let (last, other) = (removal(t(6), "field6"), change("plain", 1, "plain", 1));
+                Box::new(move |s: &mut Document, l: &mut Document| {
+                    last(s, l);
+                    other(s, l);
+                })
+            }),
         ];
-        for (what, edit) in &edits {
-            for at in [0, 7, 19] {
-                let (mut stored, mut logical) = alike.clone();
-                edit(&mut stored[at], &mut logical[at]);
-                let (by_layout, walked, hits) = both(&reply(stored), &dict);
-                assert_eq!(
-                    by_layout.as_ref().unwrap(),
-                    walked.as_ref().unwrap(),
-                    "{what} at {at}"
-                );
-                assert_eq!(by_layout.unwrap(), reply(logical), "{what} at {at}");
-                assert!(hits >= 17, "{what} at {at}: {hits}");
-            }
-        }
+        each_edit_is_expanded_as_the_walk_expands_it(&dict, &alike, &edits, &[0, 7, 19], 17);
         // A value in the batch that is not a document: the array is
         // walked whole from there (as a server's batches never are), after
         // the eight documents the stream followed.
